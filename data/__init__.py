@@ -1,0 +1,1 @@
+"""Small files the labs read, shipped inside the package as ``labkit.data``."""

@@ -1,0 +1,102 @@
+"""Instructor tools: make the learner notebooks from the solution notebooks, and execute notebooks.
+
+``notebooks/solutions/*.ipynb`` is the single source. Answers sit between nbgrader's markers::
+
+    def softmax(logits):
+        ### BEGIN SOLUTION
+        return logits.exp() / logits.exp().sum()
+        ### END SOLUTION
+
+and the learner copy gets, at the marker's indentation::
+
+    def softmax(logits):
+        raise NotImplementedError("your code here")
+
+Everything else (markdown, other code, metadata) is copied unchanged. Notebooks are then executed so the
+committed files carry outputs and render on a code host.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+STUB = 'raise NotImplementedError("your code here")'
+_MARKER = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (BEGIN|END) SOLUTION)[ \t]*$")
+
+
+def strip_solutions(source: str) -> str:
+    """Replace every marked solution region of a cell's source by a stub at the same indentation.
+
+    >>> print(strip_solutions("def f(x):\\n    ### BEGIN SOLUTION\\n    return 2 * x\\n    ### END SOLUTION\\n"))
+    def f(x):
+        raise NotImplementedError("your code here")
+    <BLANKLINE>
+    """
+    out: list[str] = []
+    inside_from: int | None = None  # line number of the open BEGIN marker
+    for number, line in enumerate(source.splitlines(keepends=True), start=1):
+        match = _MARKER.match(line.rstrip("\n"))
+        if match and match["marker"] == BEGIN:
+            if inside_from is not None:
+                raise ValueError(f"nested {BEGIN} at line {number} (the one at line {inside_from} is still open)")
+            inside_from = number
+            out.append(f"{match['indent']}{STUB}\n")
+        elif match and match["marker"] == END:
+            if inside_from is None:
+                raise ValueError(f"{END} at line {number} has no {BEGIN} before it")
+            inside_from = None
+        elif inside_from is None:
+            out.append(line)
+    if inside_from is not None:
+        raise ValueError(f"{BEGIN} at line {inside_from} is never closed by {END}")
+    return "".join(out)
+
+
+def learner_version(notebook):
+    """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode)."""
+    learner = copy.deepcopy(notebook)
+    for cell in learner.cells:
+        if cell.cell_type != "code":
+            continue
+        try:
+            cell.source = strip_solutions(cell.source)
+        except ValueError as error:
+            raise ValueError(f"cell {cell.get('id', '?')}: {error}") from None
+        cell.outputs = []
+        cell.execution_count = None
+    return learner
+
+
+def execute(notebook, cwd: Path, timeout_s: int = 600):
+    """Run a notebook top to bottom in a fresh kernel (of this Python) and return it with outputs."""
+    from nbclient import NotebookClient
+
+    client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+    return notebook
+
+
+def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = None) -> list[Path]:
+    """Write ``notebooks/<name>`` for every ``notebooks/solutions/<name>``; returns the files written."""
+    import nbformat
+
+    solutions_dir = root / "notebooks" / "solutions"
+    written = []
+    for solution_path in sorted(solutions_dir.glob("*.ipynb")):
+        if only and solution_path.name not in only:
+            continue
+        solution = nbformat.read(solution_path, as_version=4)
+        learner = learner_version(solution)
+        learner_path = root / "notebooks" / solution_path.name
+        if execute_notebooks:
+            print(f"executing {solution_path.relative_to(root)}")
+            nbformat.write(execute(solution, cwd=solutions_dir), solution_path)
+            print(f"executing {learner_path.relative_to(root)}")
+            execute(learner, cwd=learner_path.parent)
+        nbformat.write(learner, learner_path)
+        written.append(learner_path)
+    return written

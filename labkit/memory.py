@@ -1,0 +1,478 @@
+"""How many bytes a model needs at inference: weights, KV cache, activations, and one GPU's budget.
+
+Used by the memory lab. Every size is an int number of bytes unless the name says otherwise (``*_gb``,
+``*_gib``). GB (10**9) and GiB (2**30) are defined here once. Equation numbers are the seed course's
+chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
+
+Weights and KV cache are exact counts of the stored payload. Activations and workspace are first-order
+estimates (their docstrings say what they assume). Left out: sliding-window or cross-layer KV sharing,
+vocabulary padding, CUDA graphs, pipeline parallelism and the scales of a quantized KV cache.
+Presets of real models and GPUs live in ``labkit.presets``; the paged-KV simulator in ``labkit.paging``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from labkit.spec import ModelSpec
+
+GB = 10**9  # decimal gigabyte: vendors' memory sizes and bandwidths (GB/s)
+GIB = 2**30  # binary gibibyte: what nvidia-smi and torch.cuda report
+MIB = 2**20
+
+# Bits per stored value. INT4 packs two values per byte; quantization scales are counted separately.
+FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+
+
+def _count(name: str, value: Any, minimum: int = 0) -> int:
+    """Validate a non-negative (or >= minimum) integer argument and return it as an int."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _spec(spec: Any) -> ModelSpec:
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"spec must be a labkit.spec.ModelSpec, got {type(spec).__name__}")
+    return spec
+
+
+def _bits(fmt: Any, name: str = "fmt") -> int:
+    if not isinstance(fmt, str) or fmt.lower() not in FORMAT_BITS:
+        raise ValueError(f"{name} must be one of {sorted(FORMAT_BITS)}, got {fmt!r}")
+    return FORMAT_BITS[fmt.lower()]
+
+
+def to_gb(n_bytes: float) -> float:
+    """Bytes to decimal gigabytes (10**9).
+
+    >>> to_gb(8_589_934_592)
+    8.589934592
+    """
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)):
+        raise TypeError(f"n_bytes must be a number, got {n_bytes!r}")
+    return n_bytes / GB
+
+
+def to_gib(n_bytes: float) -> float:
+    """Bytes to binary gibibytes (2**30).
+
+    >>> to_gib(8_589_934_592)
+    8.0
+    """
+    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)):
+        raise TypeError(f"n_bytes must be a number, got {n_bytes!r}")
+    return n_bytes / GIB
+
+
+def bytes_per_value(fmt: str) -> float:
+    """Bytes one stored value takes in a format (case-insensitive name).
+
+    >>> bytes_per_value("bf16"), bytes_per_value("int4")
+    (2.0, 0.5)
+    """
+    return _bits(fmt) / 8
+
+
+def stored_bytes(n_values: int, fmt: str, group_size: int | None = None, scale_bytes: int = 2) -> int:
+    """Bytes to store n_values in fmt, plus scale_bytes per group of group_size values when given.
+
+    The count is rounded up twice on purpose: a trailing half-byte of INT4 still takes a byte, and a last,
+    partial group still needs its own scale (ceil(n_values / group_size) scales). Real kernels group along
+    each row; the two agree when the row length is a multiple of group_size, as in every preset.
+    scale_bytes is the per-group metadata (an FP16 scale is 2; add 2 more if the scheme keeps a zero-point).
+
+    >>> stored_bytes(2**20, "int4", group_size=64) / MIB  # 0.5 MiB of codes + 16,384 two-byte scales
+    0.53125
+    """
+    n_values, bits = _count("n_values", n_values), _bits(fmt)
+    payload = -(-n_values * bits // 8)
+    if group_size is None:
+        return payload
+    n_groups = -(-n_values // _count("group_size", group_size, 1))
+    return payload + n_groups * _count("scale_bytes", scale_bytes)
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """What a block stores beyond ModelSpec's numbers; the defaults are Llama's (also Mistral, SmolLM2)."""
+
+    gated_mlp: bool = True  # SwiGLU gate, up and down matrices; False: up and down only (GPT-NeoX, Falcon)
+    linear_bias: bool = False  # every projection in the block has a bias (GPT-NeoX)
+    norm_bias: bool = False  # LayerNorm with weight and bias; False: RMSNorm, weight only
+    norms_per_layer: int = 2  # Falcon-7B's parallel attention+MLP block has a single input norm
+    qk_norm: bool = False  # Qwen3: an RMSNorm of width head_dim on queries and on keys
+
+
+LLAMA = BlockLayout()
+
+
+def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
+    """KV heads one of tp tensor-parallel ranks holds.
+
+    Query heads are split evenly, so tp must divide n_heads. When tp <= n_kv_heads it must divide them too;
+    when tp > n_kv_heads each rank keeps one KV head and every KV head is copied to tp // n_kv_heads ranks,
+    as vLLM's QKVParallelLinear does (tp must then be a multiple of n_kv_heads).
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=8, n_heads=8, n_kv_heads=2, head_dim=1, vocab=10)
+    >>> kv_heads_per_rank(spec, 2), kv_heads_per_rank(spec, 8)
+    (1, 1)
+    """
+    spec, tp = _spec(spec), _count("tp", tp, 1)
+    if spec.n_heads % tp:
+        raise ValueError(f"tp must divide n_heads ({spec.n_heads}) so every rank gets whole heads, got {tp}")
+    if tp <= spec.n_kv_heads:
+        if spec.n_kv_heads % tp:
+            raise ValueError(f"tp must divide n_kv_heads ({spec.n_kv_heads}) or be a multiple of it, got {tp}")
+        return spec.n_kv_heads // tp
+    if tp % spec.n_kv_heads:
+        raise ValueError(f"tp above n_kv_heads ({spec.n_kv_heads}) must be a multiple of it, got {tp}")
+    return 1
+
+
+def _check_shardable(spec: ModelSpec, layout: BlockLayout, tp: int) -> int:
+    """Validate what an architecture count needs; return this rank's KV heads."""
+    kv_heads = kv_heads_per_rank(spec, tp)
+    if not isinstance(layout, BlockLayout):
+        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    if spec.d_ff is None:
+        raise ValueError(f"spec.d_ff is None for {spec.name!r}: this count needs the MLP width")
+    if spec.d_ff % tp:
+        raise ValueError(f"tp must divide d_ff ({spec.d_ff}), got {tp}")
+    return kv_heads
+
+
+def param_breakdown(spec: ModelSpec, layout: BlockLayout = LLAMA, tp: int = 1) -> dict[str, int]:
+    """Parameters by part that one of tp ranks holds, counted from the architecture.
+
+    Sharded Megatron-style: embeddings and head by vocabulary rows (ceil(vocab / tp) each), q/o by query
+    heads, k/v by KV heads (copied when tp > n_kv_heads), MLP by d_ff. Replicated on every rank: norms and
+    the biases of the o and down projections, whose outputs are summed across ranks.
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> param_breakdown(spec)  # q,o 4x4; k,v 4x2; gate,up,down 4x8; two norms + final norm of 4
+    {'embeddings': 40, 'attention': 48, 'mlp': 96, 'norms': 12, 'lm_head': 40}
+    """
+    kv_heads = _check_shardable(spec, layout, tp)
+    d, ff = spec.d_model, spec.d_ff // tp
+    q_width = spec.n_heads // tp * spec.head_dim  # this rank's query heads: q's output, o's input
+    kv_width = kv_heads * spec.head_dim
+    n_mlp = 3 if layout.gated_mlp else 2
+    attention = 2 * d * q_width + 2 * d * kv_width + layout.linear_bias * (q_width + 2 * kv_width + d)
+    mlp = n_mlp * d * ff + layout.linear_bias * ((n_mlp - 1) * ff + d)
+    norm = d * (2 if layout.norm_bias else 1)
+    per_layer_norms = layout.norms_per_layer * norm + layout.qk_norm * 2 * spec.head_dim
+    rows = -(-spec.vocab // tp)
+    return {
+        "embeddings": rows * d,
+        "attention": spec.n_layers * attention,
+        "mlp": spec.n_layers * mlp,
+        "norms": spec.n_layers * per_layer_norms + norm,  # + the final norm before the head
+        "lm_head": 0 if spec.tied_embeddings else rows * d,
+    }
+
+
+def param_count(spec: ModelSpec, layout: BlockLayout = LLAMA, tp: int = 1) -> int:
+    """Parameters one of tp ranks holds (the whole model at tp=1), counted from the architecture.
+
+    >>> spec = ModelSpec("SmolLM2-135M", n_layers=30, d_model=576, n_heads=9, n_kv_heads=3, head_dim=64,
+    ...                  vocab=49152, d_ff=1536, tied_embeddings=True)
+    >>> param_count(spec)  # 49152*576 + 30*(2*576*576 + 2*576*192 + 3*576*1536 + 2*576) + 576
+    134515008
+    """
+    return sum(param_breakdown(spec, layout, tp).values())
+
+
+def params_12d2(spec: ModelSpec, include_embeddings: bool = False) -> int:
+    """The rule of thumb of eq. 8.2: 12 d_model^2 per block (4 d^2 attention + 8 d^2 MLP), times n_layers.
+
+    >>> spec = ModelSpec("d4096", n_layers=1, d_model=4096, n_heads=32, n_kv_heads=32, head_dim=128, vocab=1)
+    >>> params_12d2(spec)
+    201326592
+    """
+    spec = _spec(spec)
+    blocks = 12 * spec.d_model**2 * spec.n_layers
+    if not include_embeddings:
+        return blocks
+    return blocks + spec.vocab * spec.d_model * (1 if spec.tied_embeddings else 2)
+
+
+def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = None, scale_bytes: int = 2,
+                  *, tp: int = 1, layout: BlockLayout = LLAMA) -> int:
+    """Bytes of the weights one of tp ranks stores in fmt, with one scale per group when group_size is given.
+
+    At tp=1 the count is spec.n_params when known, else param_count(spec, layout). At tp > 1 the count is
+    the rank's share from param_count, which must then reproduce spec.n_params (pass the model's layout).
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10,
+    ...                  n_params=1000)
+    >>> weights_bytes(spec, "int4"), weights_bytes(spec, "int4", group_size=100)  # 500 + 10 scales of 2 B
+    (500, 520)
+    """
+    spec, tp = _spec(spec), _count("tp", tp, 1)
+    if tp == 1 and spec.n_params is not None:
+        n_values = spec.n_params
+    else:
+        n_values = param_count(spec, layout, tp)
+        if spec.n_params is not None and param_count(spec, layout) != spec.n_params:
+            raise ValueError(
+                f"layout={layout} counts {param_count(spec, layout):,} parameters but spec.n_params is "
+                f"{spec.n_params:,}: pass the model's layout (labkit.presets.model_layout for a preset)"
+            )
+    return stored_bytes(n_values, fmt, group_size, scale_bytes)
+
+
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> int:
+    """KV-cache bytes one token adds on one of tp ranks: 2 (K and V) x n_layers x KV heads x head_dim x b.
+
+    >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=1)
+    >>> kv_bytes_per_token(spec, "fp16")  # 2 * 32 * 8 * 128 * 2 = 128 KiB
+    131072
+    """
+    spec = _spec(spec)
+    # head_dim and n_kv_heads, never d_model / n_heads: that is the MHA-only shortcut the seeds got wrong.
+    n_values = 2 * spec.n_layers * kv_heads_per_rank(spec, tp) * spec.head_dim
+    return stored_bytes(n_values, kv_dtype)
+
+
+def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
+    """KV-cache bytes (eq. 8.3) for batch_size sequences of seq_len cached tokens, on one of tp ranks.
+
+    >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=1)
+    >>> kv_cache_bytes(spec, batch_size=16, seq_len=4096, kv_dtype="fp16") / GIB  # the worked example
+    8.0
+    """
+    batch_size, seq_len = _count("batch_size", batch_size), _count("seq_len", seq_len)
+    return batch_size * seq_len * kv_bytes_per_token(spec, kv_dtype, tp)
+
+
+def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: str = "bf16", tp: int = 1,
+                      layout: BlockLayout = LLAMA) -> int:
+    """First-order estimate of live activation bytes at the prefill peak on one of tp ranks.
+
+    Assumes the whole batch is prefilled in one forward pass, layers run one after another (one layer's
+    tensors alive at a time), and a fused attention kernel (FlashAttention) that never stores the
+    [seq_len, seq_len] scores. Per token alive: the residual stream and its normed copy (2 d_model), the
+    q/k/v projections, and the MLP hidden state (gate and up: 2 d_ff / tp), in act_fmt; plus FP32 logits of
+    the last position [batch, vocab / tp]. Autograd-free inference; chunked prefill would lower it.
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> activations_bytes(spec, 1, 3)  # 3 tokens x (8 + 8 + 16) values x 2 B + 10 logits x 4 B
+    232
+    """
+    kv_heads = _check_shardable(spec, layout, tp)
+    batch_size, seq_len = _count("batch_size", batch_size), _count("seq_len", seq_len)
+    qkv = (spec.n_heads // tp + 2 * kv_heads) * spec.head_dim
+    mlp_hidden = (2 if layout.gated_mlp else 1) * (spec.d_ff // tp)
+    per_token = 2 * spec.d_model + qkv + mlp_hidden
+    logits = batch_size * -(-spec.vocab // tp) * 4
+    return stored_bytes(batch_size * seq_len * per_token, act_fmt) + logits
+
+
+def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
+    """First-order allowance for everything not modelled: a fraction of the device memory.
+
+    The default 10% is what vLLM leaves outside its budget (gpu_memory_utilization=0.9) for the CUDA
+    context, cuBLAS/NCCL workspaces and allocator fragmentation; measure a real deployment instead.
+
+    >>> workspace_bytes(80 * GB)
+    8000000000
+    """
+    capacity_bytes = _count("capacity_bytes", capacity_bytes, 1)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
+    return int(capacity_bytes * fraction)
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU's memory and bandwidth as its vendor states them.
+
+    >>> GPUSpec("invented", memory_bytes=8 * GIB).memory_gib
+    8.0
+    """
+
+    name: str  # a label for tables
+    memory_bytes: int  # device memory; a vendor's "80 GB" is read literally as 80 * 10**9 bytes
+    bandwidth_bytes_per_s: float | None = None  # peak memory bandwidth (vendors quote decimal GB/s)
+    vendor_memory: str = ""  # the figure as printed on the datasheet, e.g. "80 GB HBM2e"
+    source: str = ""  # where the numbers come from
+
+    def __post_init__(self) -> None:
+        _count("memory_bytes", self.memory_bytes, 1)
+
+    @property
+    def memory_gib(self) -> float:
+        return to_gib(self.memory_bytes)
+
+    @property
+    def memory_gb(self) -> float:
+        return to_gb(self.memory_bytes)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """One GPU's memory, part by part, in bytes; *_gib properties for display.
+
+    >>> b = MemoryBudget(4 * GIB, 3 * GIB // 2, 3 * GIB // 4, GIB // 2, 8 * GIB, other_bytes=GIB // 2)
+    >>> b.total_gib, b.headroom_gib, b.fits  # the seed's invented 8-GiB device
+    (7.25, 0.75, True)
+    """
+
+    weights_bytes: int  # this rank's weights, with quantization scales
+    kv_cache_bytes: int  # this rank's KV heads for every cached token (eq. 8.3)
+    activations_bytes: int  # first-order prefill peak, see activations_bytes()
+    workspace_bytes: int  # allowance for CUDA context, library workspaces, fragmentation
+    capacity_bytes: int  # the GPU's memory
+    other_bytes: int = 0  # anything else the caller reserves
+    tp: int = 1  # tensor-parallel ranks; every field above is per GPU
+
+    @property
+    def parts(self) -> dict[str, int]:
+        """The stacked-bar parts, in bytes."""
+        return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
+                "activations": self.activations_bytes, "workspace": self.workspace_bytes,
+                "other": self.other_bytes}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Capacity minus total; negative when it does not fit."""
+        return self.capacity_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    weights_gib = property(lambda self: to_gib(self.weights_bytes))
+    kv_cache_gib = property(lambda self: to_gib(self.kv_cache_bytes))
+    activations_gib = property(lambda self: to_gib(self.activations_bytes))
+    workspace_gib = property(lambda self: to_gib(self.workspace_bytes))
+    total_gib = property(lambda self: to_gib(self.total_bytes))
+    capacity_gib = property(lambda self: to_gib(self.capacity_bytes))
+    headroom_gib = property(lambda self: to_gib(self.headroom_bytes))
+
+
+def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_fmt: str = "bf16",
+           kv_dtype: str = "bf16", tp: int = 1, *, layout: BlockLayout = LLAMA, group_size: int | None = None,
+           scale_bytes: int = 2, act_fmt: str = "bf16", workspace_fraction: float = 0.1,
+           other_bytes: int = 0) -> MemoryBudget:
+    """Per-GPU memory for serving batch_size sequences of seq_len tokens with tp-way tensor parallelism.
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> b = budget(spec, GPUSpec("1 KB", 1000), batch_size=1, seq_len=3, workspace_fraction=0)
+    >>> b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.fits  # 236 params x 2 B; 3 x 2*2 x 2 B
+    (472, 24, 232, True)
+    """
+    if not isinstance(gpu, GPUSpec):
+        raise TypeError(f"gpu must be a GPUSpec (labkit.presets.gpu_preset(name)), got {type(gpu).__name__}")
+    return MemoryBudget(
+        weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),
+        kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, kv_dtype, tp),
+        activations_bytes=activations_bytes(spec, batch_size, seq_len, act_fmt, tp, layout),
+        workspace_bytes=workspace_bytes(gpu.memory_bytes, workspace_fraction),
+        capacity_bytes=gpu.memory_bytes,
+        other_bytes=_count("other_bytes", other_bytes),
+        tp=tp,
+    )
+
+
+def _largest_fitting(fits: Callable[[int], bool]) -> int:
+    """Largest n >= 1 with fits(n), for fits true up to some n and false beyond; 0 if fits(1) is false."""
+    if not fits(1):
+        return 0
+    low = 1
+    while fits(2 * low):  # total memory grows at least linearly, so this ends
+        low *= 2
+    high = 2 * low  # invariant: fits(low) and not fits(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def max_batch_size(spec: ModelSpec, gpu: GPUSpec, seq_len: int, **options: Any) -> int:
+    """Most sequences of seq_len tokens that fit on each GPU (0 if one does not); options go to budget().
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> max_batch_size(spec, GPUSpec("1 KB", 1000), seq_len=3, workspace_fraction=0)  # 472 + 256 n <= 1000
+    2
+    """
+    seq_len = _count("seq_len", seq_len, 1)
+    return _largest_fitting(lambda n: budget(spec, gpu, n, seq_len, **options).fits)
+
+
+def max_seq_len(spec: ModelSpec, gpu: GPUSpec, batch_size: int, **options: Any) -> int:
+    """Longest context that fits for batch_size sequences on each GPU (0 if none); options go to budget().
+
+    Memory only: the model's own context limit is not in ModelSpec, so check it separately.
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> max_seq_len(spec, GPUSpec("1 KB", 1000), batch_size=1, workspace_fraction=0)  # 512 + 72 T <= 1000
+    6
+    """
+    batch_size = _count("batch_size", batch_size, 1)
+    return _largest_fitting(lambda n: budget(spec, gpu, batch_size, n, **options).fits)
+
+
+@dataclass(frozen=True)
+class Sparse24Bytes:
+    """Storage of a matrix pruned to 2:4 sparsity, part by part, in bytes."""
+
+    values_bytes: int  # the kept half of the values
+    metadata_bytes: int  # a 2-bit position (0-3) for every kept value
+    dense_bytes: int  # the same matrix stored densely, for comparison
+
+    @property
+    def total_bytes(self) -> int:
+        return self.values_bytes + self.metadata_bytes
+
+
+def sparse_2_4_bytes(rows: int, cols: int, fmt: str = "bf16") -> Sparse24Bytes:
+    """Bytes of a rows x cols matrix in the 2:4 compressed format: half the values plus 2-bit indices.
+
+    Every group of four consecutive values along a row keeps two, each with a 2-bit index of its position,
+    the layout of NVIDIA's Ampere sparse tensor cores for 16-bit types (A100 whitepaper, "fine-grained
+    structured sparsity"; Mishra et al. 2021, arXiv:2104.08378). The same 2 bits are charged for any fmt.
+
+    >>> sparse_2_4_bytes(4096, 4096).total_bytes  # 8,388,608 x 2 B + 8,388,608 x 2 bit
+    18874368
+    """
+    rows, cols = _count("rows", rows, 1), _count("cols", cols, 4)
+    if cols % 4:
+        raise ValueError(f"cols must be a multiple of 4 (groups of four along a row), got {cols}")
+    kept = rows * cols // 2
+    return Sparse24Bytes(stored_bytes(kept, fmt), kept * 2 // 8, stored_bytes(rows * cols, fmt))
+
+
+def measured_kv_cache_bytes(cache: Any) -> int:
+    """Bytes held by the key and value tensors of a transformers cache (``outputs.cache``).
+
+    Accepts a transformers 5 Cache (``.layers``, each with ``.keys`` and ``.values``) or the legacy tuple of
+    (key, value) pairs per layer. Counts tensor storage only, so a StaticCache reports its preallocated size.
+
+    >>> import torch
+    >>> measured_kv_cache_bytes([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # 2 x 24 FP32 values
+    192
+    """
+    layers = getattr(cache, "layers", cache)
+    try:
+        layers = list(layers)
+    except TypeError:
+        raise TypeError(f"cache must be a transformers Cache or a sequence of (key, value), got {cache!r}") from None
+    total = 0
+    for layer in layers:
+        tensors = (layer.keys, layer.values) if hasattr(layer, "values") and hasattr(layer, "keys") else layer
+        total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return total

@@ -1,0 +1,85 @@
+"""The architecture numbers every lab shares, read from a transformers config.
+
+One vocabulary for the whole workbook (STYLE.md rule 5): ``n_layers, d_model, n_heads, n_kv_heads, head_dim,
+vocab``. ``head_dim`` is always read or given explicitly, never assumed to be ``d_model // n_heads``: some
+models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption is wrong for them.
+
+Used by lab 00 (the model card) and the memory lab (presets of real models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture of a decoder-only transformer, as the labs count it.
+
+    >>> spec = ModelSpec("toy", n_layers=2, d_model=8, n_heads=4, n_kv_heads=2, head_dim=2, vocab=10)
+    >>> spec.query_per_kv
+    2
+    """
+
+    name: str  # a label for tables and plots
+    n_layers: int  # transformer blocks, each with its own KV cache
+    d_model: int  # width of the residual stream
+    n_heads: int  # query heads per attention layer
+    n_kv_heads: int  # key/value heads per layer (== n_heads for MHA, 1 for MQA)
+    head_dim: int  # width of one head; not always d_model // n_heads
+    vocab: int  # rows of the embedding matrix
+    n_params: int | None = None  # exact count when known (from a loaded model or the publisher)
+    d_ff: int | None = None  # width of the feed-forward hidden layer, when known
+    tied_embeddings: bool = False  # input embedding and output head share one matrix
+
+    def __post_init__(self) -> None:
+        for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
+                "each key/value head serves a whole group of query heads"
+            )
+
+    @property
+    def query_per_kv(self) -> int:
+        """Query heads sharing one key/value head (1 = MHA, n_heads = MQA)."""
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_config(cls, config: Any, name: str | None = None, n_params: int | None = None) -> "ModelSpec":
+        """Read a spec from a transformers config (or a plain dict with the same keys).
+
+        Handles the field names of Llama/Mistral/Qwen (``num_hidden_layers``...), GPT-NeoX and Falcon.
+        """
+        cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+
+        def first(*keys: str, default: Any = None) -> Any:
+            for key in keys:
+                if cfg.get(key) is not None:
+                    return cfg[key]
+            return default
+
+        d_model = first("hidden_size", "d_model", "n_embd")
+        n_heads = first("num_attention_heads", "n_head", "n_heads")
+        if d_model is None or n_heads is None:
+            raise ValueError(f"config has no hidden size or head count: keys are {sorted(cfg)}")
+        n_kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv")
+        if n_kv_heads is None:
+            # Falcon-7B marks multi-query attention with a flag instead of a head count.
+            n_kv_heads = 1 if cfg.get("multi_query") else n_heads
+        return cls(
+            name=name or first("_name_or_path", "model_type", default="model"),
+            n_layers=first("num_hidden_layers", "n_layer", "n_layers"),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=first("head_dim", default=d_model // n_heads),
+            vocab=first("vocab_size"),
+            n_params=n_params,
+            d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
+            tied_embeddings=bool(first("tie_word_embeddings", default=False)),
+        )

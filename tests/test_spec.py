@@ -1,0 +1,46 @@
+import pytest
+
+from labkit.spec import ModelSpec
+
+
+def test_from_llama_style_config_reads_explicit_head_dim():
+    # Qwen3-0.6B: 16 query heads of width 128 in a 1024-wide model; d_model / n_heads would say 64.
+    config = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+              "num_hidden_layers": 28, "vocab_size": 151936, "intermediate_size": 3072, "tie_word_embeddings": True}
+    spec = ModelSpec.from_config(config, name="qwen3")
+    assert (spec.head_dim, spec.n_kv_heads, spec.query_per_kv, spec.tied_embeddings) == (128, 8, 2, True)
+
+
+def test_from_gpt_neox_config_defaults_to_full_multi_head_attention():
+    config = {"hidden_size": 128, "num_attention_heads": 4, "num_hidden_layers": 6, "vocab_size": 50304,
+              "intermediate_size": 512, "tie_word_embeddings": False}
+    spec = ModelSpec.from_config(config)
+    assert (spec.n_kv_heads, spec.head_dim, spec.d_ff) == (4, 32, 512)
+
+
+def test_falcon_multi_query_flag():
+    config = {"hidden_size": 4544, "num_attention_heads": 71, "multi_query": True, "num_hidden_layers": 32,
+              "vocab_size": 65024}
+    assert ModelSpec.from_config(config).n_kv_heads == 1
+
+
+def test_from_transformers_config_object():
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                         vocab_size=100, intermediate_size=128)
+    spec = ModelSpec.from_config(config, name="tiny")
+    assert (spec.n_layers, spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim) == (2, 64, 4, 2, 16)
+
+
+@pytest.mark.parametrize("field,value", [("n_layers", 0), ("head_dim", -1), ("vocab", 2.5), ("d_model", True)])
+def test_rejects_non_positive_or_non_int_sizes(field, value):
+    kwargs = dict(name="x", n_layers=2, d_model=8, n_heads=4, n_kv_heads=2, head_dim=2, vocab=10)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=field):
+        ModelSpec(**kwargs)
+
+
+def test_kv_heads_must_divide_query_heads():
+    with pytest.raises(ValueError, match=r"n_heads \(9\) must be a multiple of n_kv_heads \(2\)"):
+        ModelSpec("x", n_layers=1, d_model=9, n_heads=9, n_kv_heads=2, head_dim=1, vocab=5)
