@@ -72,11 +72,19 @@ def learner_version(notebook):
 
 
 def execute(notebook, cwd: Path, timeout_s: int = 600):
-    """Run a notebook top to bottom in a fresh kernel (of this Python) and return it with outputs."""
+    """Run a notebook top to bottom in a fresh kernel (of this Python), offline, and return it with outputs.
+
+    The kernel saves exercise progress to a scratch file, not the instructor's own.
+    """
+    import os
+    import tempfile
+
     from nbclient import NotebookClient
 
     client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    with tempfile.TemporaryDirectory() as scratch:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LABKIT_PROGRESS": str(Path(scratch) / "progress.json")}
+        client.execute(env=env)
     return notebook
 
 

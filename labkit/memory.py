@@ -1,8 +1,9 @@
 """How many bytes a model needs at inference: weights, KV cache, activations, and one GPU's budget.
 
 Used by the memory lab. Every size is an int number of bytes unless the name says otherwise (``*_gb``,
-``*_gib``). GB (10**9) and GiB (2**30) are defined here once. Equation numbers are the seed course's
-chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
+``*_gib``). GB (10**9: vendors' memory sizes and GB/s) and GiB (2**30: what nvidia-smi and torch.cuda
+report) are defined once, in ``labkit.resources``, and re-exported here. Equation numbers are the seed
+course's chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
 
 Weights and KV cache are exact counts of the stored payload. Activations and workspace are first-order
 estimates (their docstrings say what they assume). Left out: sliding-window or cross-layer KV sharing,
@@ -16,11 +17,10 @@ import operator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from labkit.resources import GB, GIB  # defined once for the whole workbook
 from labkit.spec import ModelSpec
 
-GB = 10**9  # decimal gigabyte: vendors' memory sizes and bandwidths (GB/s)
-GIB = 2**30  # binary gibibyte: what nvidia-smi and torch.cuda report
-MIB = 2**20
+MIB = 2**20  # binary mebibyte, for small tensors
 
 # Bits per stored value. INT4 packs two values per byte; quantization scales are counted separately.
 FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
@@ -110,6 +110,12 @@ class BlockLayout:
     norm_bias: bool = False  # LayerNorm with weight and bias; False: RMSNorm, weight only
     norms_per_layer: int = 2  # Falcon-7B's parallel attention+MLP block has a single input norm
     qk_norm: bool = False  # Qwen3: an RMSNorm of width head_dim on queries and on keys
+
+    def __post_init__(self) -> None:
+        for name in ("gated_mlp", "linear_bias", "norm_bias", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        _count("norms_per_layer", self.norms_per_layer)
 
 
 LLAMA = BlockLayout()
@@ -240,7 +246,7 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> 
     spec = _spec(spec)
     # head_dim and n_kv_heads, never d_model / n_heads: that is the MHA-only shortcut the seeds got wrong.
     n_values = 2 * spec.n_layers * kv_heads_per_rank(spec, tp) * spec.head_dim
-    return stored_bytes(n_values, kv_dtype)
+    return n_values * _bits(kv_dtype, "kv_dtype") // 8  # n_values is even, so INT4 fills whole bytes
 
 
 def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
@@ -273,8 +279,8 @@ def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: s
     qkv = (spec.n_heads // tp + 2 * kv_heads) * spec.head_dim
     mlp_hidden = (2 if layout.gated_mlp else 1) * (spec.d_ff // tp)
     per_token = 2 * spec.d_model + qkv + mlp_hidden
-    logits = batch_size * -(-spec.vocab // tp) * 4
-    return stored_bytes(batch_size * seq_len * per_token, act_fmt) + logits
+    logits = batch_size * -(-spec.vocab // tp) * 4  # FP32: engines upcast logits before sampling
+    return -(-batch_size * seq_len * per_token * _bits(act_fmt, "act_fmt") // 8) + logits
 
 
 def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
@@ -335,6 +341,12 @@ class MemoryBudget:
     other_bytes: int = 0  # anything else the caller reserves
     tp: int = 1  # tensor-parallel ranks; every field above is per GPU
 
+    def __post_init__(self) -> None:
+        for name in ("weights_bytes", "kv_cache_bytes", "activations_bytes", "workspace_bytes", "other_bytes"):
+            _count(name, getattr(self, name))
+        _count("capacity_bytes", self.capacity_bytes, 1)
+        _count("tp", self.tp, 1)
+
     @property
     def parts(self) -> dict[str, int]:
         """The stacked-bar parts, in bytes."""
@@ -377,6 +389,7 @@ def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_
     """
     if not isinstance(gpu, GPUSpec):
         raise TypeError(f"gpu must be a GPUSpec (labkit.presets.gpu_preset(name)), got {type(gpu).__name__}")
+    _bits(weight_fmt, "weight_fmt")  # checked here so the message names budget's own argument
     return MemoryBudget(
         weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),
         kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, kv_dtype, tp),

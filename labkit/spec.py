@@ -59,7 +59,7 @@ class ModelSpec:
 
         def first(*keys: str, default: Any = None) -> Any:
             for key in keys:
-                if cfg.get(key) is not None:
+                if cfg.get(key) not in (None, ""):
                     return cfg[key]
             return default
 
@@ -67,10 +67,15 @@ class ModelSpec:
         n_heads = first("num_attention_heads", "n_head", "n_heads")
         if d_model is None or n_heads is None:
             raise ValueError(f"config has no hidden size or head count: keys are {sorted(cfg)}")
-        n_kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv")
-        if n_kv_heads is None:
-            # Falcon-7B marks multi-query attention with a flag instead of a head count.
-            n_kv_heads = 1 if cfg.get("multi_query") else n_heads
+        if cfg.get("model_type") == "falcon" or "multi_query" in cfg:
+            # Falcon's own rule (modeling_falcon): the new decoder architecture reads num_kv_heads; the original
+            # one (Falcon-7B) has a single KV head when multi_query is set, whatever num_kv_heads says.
+            if cfg.get("new_decoder_architecture"):
+                n_kv_heads = first("num_kv_heads", default=n_heads)
+            else:
+                n_kv_heads = 1 if cfg.get("multi_query") else n_heads
+        else:
+            n_kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
         return cls(
             name=name or first("_name_or_path", "model_type", default="model"),
             n_layers=first("num_hidden_layers", "n_layer", "n_layers"),

@@ -72,7 +72,10 @@ def test_wheel_carries_the_data_and_works_from_another_directory(tmp_path):
                     str(wheel)], check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import labkit, labkit.models as m, labkit.course as c; print(labkit.__file__); "
+    # Every subpackage of the checkout must be in the wheel too.
+    subpackages = sorted(f"labkit.{p.parent.name}" for p in (ROOT / "labkit").glob("*/__init__.py"))
+    code = (f"import {', '.join(subpackages) or 'labkit'}; "
+            "import labkit, labkit.models as m, labkit.course as c; print(labkit.__file__); "
             "print(sorted(m.known_models())); print(c.labs()[0].notebook)")
     result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(target)})

@@ -44,3 +44,15 @@ def test_rejects_non_positive_or_non_int_sizes(field, value):
 def test_kv_heads_must_divide_query_heads():
     with pytest.raises(ValueError, match=r"n_heads \(9\) must be a multiple of n_kv_heads \(2\)"):
         ModelSpec("x", n_layers=1, d_model=9, n_heads=9, n_kv_heads=2, head_dim=1, vocab=5)
+
+
+def test_falcon_new_decoder_architecture_reads_its_kv_head_count():
+    config = {"model_type": "falcon", "hidden_size": 64, "num_attention_heads": 8, "num_kv_heads": 2,
+              "new_decoder_architecture": True, "multi_query": True, "num_hidden_layers": 2, "vocab_size": 10}
+    assert ModelSpec.from_config(config).n_kv_heads == 2
+
+
+def test_empty_name_or_path_falls_back_to_model_type():
+    config = {"_name_or_path": "", "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
+              "num_hidden_layers": 1, "vocab_size": 4}
+    assert ModelSpec.from_config(config).name == "llama"

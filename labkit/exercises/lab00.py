@@ -1,0 +1,100 @@
+"""Lab 00's warm-up exercise: softmax with temperature, greedy at T = 0."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from labkit.checking import Case, Exercise, Mistake
+from labkit.exercises import register
+from labkit.sampling import apply_temperature, softmax_with_temperature
+
+_LOG_8421 = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()
+
+
+def _random_case(generator: torch.Generator) -> Case:
+    batch = int(torch.randint(1, 4, (1,), generator=generator))
+    vocab = int(torch.randint(2, 40, (1,), generator=generator))
+    logits = torch.randn(batch, vocab, generator=generator, dtype=torch.float64) * 3
+    if batch == 1 and torch.rand(1, generator=generator) < 0.5:
+        logits = logits[0]  # a single [vocab] row must work too
+    draw = float(torch.rand(1, generator=generator))
+    temperature = 0.0 if draw < 0.1 else round(0.1 + 2.9 * draw, 3)
+    return Case((logits, temperature), label=f"random logits at temperature {temperature}")
+
+
+# Deliberately wrong versions: if a learner's output equals one of these on a failing case, its hint is shown.
+def _no_temperature(logits, temperature):
+    return torch.softmax(logits, dim=-1)
+
+
+def _multiplied(logits, temperature):
+    return torch.softmax(logits * temperature, dim=-1)
+
+
+def _zero_divides(logits, temperature):
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def _greedy_last_tie(logits, temperature):
+    if temperature > 0:
+        return torch.softmax(logits / temperature, dim=-1)
+    last = logits.shape[-1] - 1 - logits.flip(-1).argmax(dim=-1, keepdim=True)
+    return torch.zeros_like(logits).scatter(-1, last, 1.0)
+
+
+def _greedy_split_tie(logits, temperature):
+    if temperature > 0:
+        return torch.softmax(logits / temperature, dim=-1)
+    top = (logits == logits.max(dim=-1, keepdim=True).values).to(logits.dtype)
+    return top / top.sum(dim=-1, keepdim=True)
+
+
+def _wrong_dim(logits, temperature):
+    return torch.softmax(apply_temperature(logits, temperature), dim=0)
+
+
+def _unnormalized(logits, temperature):
+    return apply_temperature(logits, temperature).exp()
+
+
+def _no_max_shift(logits, temperature):
+    scaled = apply_temperature(logits, temperature).exp()
+    return scaled / scaled.sum(dim=-1, keepdim=True)
+
+
+SOFTMAX_TEMPERATURE = register(
+    Exercise(
+        id="00.softmax_temperature",
+        title="Softmax with temperature",
+        function="softmax_with_temperature",
+        reference=softmax_with_temperature,
+        forbidden=(apply_temperature,),
+        points=2,
+        rtol=1e-5,
+        atol=1e-7,
+        hand_cases=(
+            Case((_LOG_8421, 1.0), label="the lesson's logits log 8, log 4, log 2, log 1 at T = 1: (8, 4, 2, 1) / 15"),
+            Case((_LOG_8421, 0.5), label="the same at T = 1/2: (64, 16, 4, 1) / 85"),
+            Case((torch.tensor([0.0, math.log(4.0)], dtype=torch.float64), 2.0), label="T = 2 halves the log-odds: (1, 2) / 3"),
+            Case((torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), 1.0), label="a batch: each row is its own distribution"),
+            Case((torch.tensor([1000.0, 999.0, 998.0]), 1.0), label="large logits must not overflow"),
+            Case((torch.tensor([1.0, 3.0, 3.0, 2.0]), 0.0), label="T = 0 is greedy; a tie goes to the first index"),
+            Case((torch.tensor([[5.0, 1.0], [2.0, 2.0]]), 0.0), label="T = 0 on a batch"),
+        ),
+        random_case=_random_case,
+        hints=("softmax(z / T) over the last dimension; T = 0 is a one-hot on the first largest logit",),
+        mistakes=(
+            Mistake("temperature 0 cannot be divided by: treat it as its own case, a one-hot on the argmax", _zero_divides),
+            Mistake("at T = 0 all the probability goes to the FIRST largest logit (torch.argmax picks it)", _greedy_last_tie),
+            Mistake("at T = 0 a tie is not shared: all the probability goes to the first largest logit", _greedy_split_tie),
+            Mistake("the temperature is not used: divide the logits by T before the softmax", _no_temperature),
+            Mistake("divide the logits by T; multiplying by T flattens where it should sharpen", _multiplied),
+            Mistake("normalize over the last dimension (dim=-1): each row is one distribution", _wrong_dim),
+            Mistake("the probabilities must sum to 1: divide by the sum of the exponentials", _unnormalized),
+            Mistake("exp overflows for large logits: subtract each row's maximum first (the result is unchanged)",
+                    _no_max_shift),
+        ),
+    )
+)

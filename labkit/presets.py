@@ -1,0 +1,99 @@
+"""Real models and GPUs as data: ``data/model_presets.json`` and ``data/gpu_presets.json``, each with a source.
+
+Used by the memory lab (and any lab that wants a real model's shape or a real GPU's bandwidth). The files
+ship inside the package as ``labkit.data`` (read through ``labkit.resources``).
+Names are matched case-insensitively; an unknown name raises ValueError listing the known ones.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from labkit.memory import GB, GIB, BlockLayout, GPUSpec
+from labkit.resources import load_json
+from labkit.spec import ModelSpec
+
+_SPEC_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_params", "d_ff",
+                "tied_embeddings")
+_MEMORY_UNITS = {"GB": GB, "GiB": GIB}
+
+
+@lru_cache(maxsize=None)
+def _load(name: str) -> dict[str, Any]:
+    return load_json(name)
+
+
+def _entry(table: dict[str, Any], name: Any, what: str) -> tuple[str, dict[str, Any]]:
+    """Find name (case-insensitive) in a preset table; return the canonical name and its entry."""
+    by_lower = {key.lower(): key for key in table}
+    if not isinstance(name, str) or name.lower() not in by_lower:
+        raise ValueError(f"{what} must be one of {sorted(table)}, got {name!r}")
+    key = by_lower[name.lower()]
+    return key, table[key]
+
+
+def model_preset(name: str) -> ModelSpec:
+    """A real model's ModelSpec by preset name (see model_presets()).
+
+    >>> spec = model_preset("Llama-3.3-70B")
+    >>> spec.n_layers, spec.n_kv_heads, spec.head_dim
+    (80, 8, 128)
+    """
+    key, entry = _entry(_load("model_presets.json")["models"], name, "name")
+    return ModelSpec(name=key, **{field: entry[field] for field in _SPEC_FIELDS})
+
+
+def model_presets() -> dict[str, ModelSpec]:
+    """Every model preset, by name.
+
+    >>> "Qwen3-0.6B" in model_presets()
+    True
+    """
+    return {key: model_preset(key) for key in _load("model_presets.json")["models"]}
+
+
+def model_layout(name: str) -> BlockLayout:
+    """The BlockLayout (biases, norms, MLP kind) that makes param_count reproduce a preset's n_params.
+
+    >>> model_layout("Pythia-14M").gated_mlp
+    False
+    """
+    _, entry = _entry(_load("model_presets.json")["models"], name, "name")
+    return BlockLayout(**entry["layout"])
+
+
+def model_source(name: str) -> str:
+    """Where a model preset's numbers come from (its config.json on the Hugging Face Hub).
+
+    >>> model_source("SmolLM2-135M")
+    'https://huggingface.co/HuggingFaceTB/SmolLM2-135M/blob/main/config.json'
+    """
+    _, entry = _entry(_load("model_presets.json")["models"], name, "name")
+    return entry["source"]
+
+
+def gpu_preset(name: str) -> GPUSpec:
+    """A GPU's memory (vendor's figure, read literally) and peak bandwidth by preset name.
+
+    >>> t4 = gpu_preset("T4")
+    >>> t4.memory_bytes, t4.bandwidth_bytes_per_s, t4.vendor_memory
+    (16000000000, 320000000000, '16 GB GDDR6')
+    """
+    key, entry = _entry(_load("gpu_presets.json")["gpus"], name, "gpu")
+    return GPUSpec(
+        name=key,
+        memory_bytes=entry["memory"] * _MEMORY_UNITS[entry["memory_unit"]],
+        bandwidth_bytes_per_s=entry["bandwidth_gb_per_s"] * GB,
+        vendor_memory=f"{entry['memory']} {entry['memory_unit']} {entry['memory_type']}",
+        source=entry["source"],
+    )
+
+
+def gpu_presets() -> dict[str, GPUSpec]:
+    """Every GPU preset, by name.
+
+    >>> sorted(gpu_presets())[:3]
+    ['A100-40GB', 'A100-80GB', 'H100-SXM']
+    """
+    return {key: gpu_preset(key) for key in _load("gpu_presets.json")["gpus"]}

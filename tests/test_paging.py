@@ -1,0 +1,83 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from labkit.memory import kv_bytes_per_token
+from labkit.paging import Request, request_stream, simulate_kv_allocation
+from labkit.presets import model_preset
+from labkit.spec import ModelSpec
+
+# 1 layer, 1 KV head of width 1, BF16: 2 x 2 B = 4 bytes per cached token, so tokens are easy to read off.
+FOUR_BYTES = ModelSpec("4 B/token", n_layers=1, d_model=2, n_heads=1, n_kv_heads=1, head_dim=1, vocab=2)
+
+
+@pytest.mark.parametrize("total_len,blocks", [(1, 1), (15, 1), (16, 1), (17, 2), (32, 2), (33, 3)])
+def test_paged_reserves_whole_blocks(total_len, blocks):
+    report = simulate_kv_allocation([Request(total_len, 0)], FOUR_BYTES, "paged", block_size=16)
+    assert report.reserved_bytes == blocks * 16 * 4
+    assert report.last_block_bytes == (blocks * 16 - total_len) * 4
+    assert report.over_reserved_bytes == 0
+
+
+def test_contiguous_reserves_max_seq_len_for_everyone():
+    requests = [Request(10, 7), Request(3, 2)]  # 17 and 5 tokens
+    report = simulate_kv_allocation(requests, FOUR_BYTES, "contiguous", max_seq_len=32)
+    assert (report.used_bytes, report.reserved_bytes, report.over_reserved_bytes) == (22 * 4, 64 * 4, 42 * 4)
+    assert report.last_block_bytes == 0 and report.waste_fraction == 42 / 64
+    default = simulate_kv_allocation(requests, FOUR_BYTES, "contiguous")  # reserve the longest: 17
+    assert default.reserved_bytes == 34 * 4
+
+
+def test_requests_fit_stops_exactly_at_the_budget():
+    requests = [Request(16, 0)] * 3  # one 64-byte block each
+    fits = [simulate_kv_allocation(requests, FOUR_BYTES, "paged", kv_budget_bytes=b).requests_fit
+            for b in (0, 63, 64, 127, 128, 192, 10**6)]
+    assert fits == [0, 0, 1, 1, 2, 3, 3]
+    assert simulate_kv_allocation(requests, FOUR_BYTES, "paged").requests_fit is None
+
+
+def test_stream_is_reproducible_and_in_range():
+    stream = request_stream(200, seed=7, prompt_len=(5, 9), output_len=(1, 3))
+    assert stream == request_stream(200, seed=7, prompt_len=(5, 9), output_len=(1, 3))
+    assert stream != request_stream(200, seed=8, prompt_len=(5, 9), output_len=(1, 3))
+    assert {r.prompt_len for r in stream} == set(range(5, 10))  # both ends are drawn
+    assert {r.output_len for r in stream} == {1, 2, 3}
+
+
+def test_paging_admits_more_llama_requests_than_max_length_reservation():
+    spec, stream = model_preset("Llama-3-8B"), request_stream(500, seed=0)
+    kv_budget = 16 * 2**30
+    contiguous = simulate_kv_allocation(stream, spec, "contiguous", max_seq_len=2048, kv_budget_bytes=kv_budget)
+    paged = simulate_kv_allocation(stream, spec, "paged", block_size=16, kv_budget_bytes=kv_budget)
+    assert contiguous.requests_fit == kv_budget // (2048 * kv_bytes_per_token(spec))  # 128 x 128 KiB per token
+    assert paged.requests_fit > 2 * contiguous.requests_fit
+    assert paged.waste_fraction < 0.02 < 0.5 < contiguous.waste_fraction
+
+
+requests = st.lists(st.builds(Request, st.integers(1, 300), st.integers(0, 300)), max_size=30)
+
+
+@given(requests, st.integers(1, 64))
+def test_paged_waste_is_less_than_one_block_per_request(stream, block_size):
+    paged = simulate_kv_allocation(stream, FOUR_BYTES, "paged", block_size=block_size)
+    contiguous = simulate_kv_allocation(stream, FOUR_BYTES, "contiguous")
+    assert paged.used_bytes == contiguous.used_bytes == 4 * sum(r.total_len for r in stream)
+    assert 0 <= paged.last_block_bytes <= len(stream) * (block_size - 1) * 4
+    assert paged.reserved_bytes % (block_size * 4) == 0
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: simulate_kv_allocation([], FOUR_BYTES, "buddy"), ValueError,
+     r"policy must be one of \('contiguous', 'paged'\), got 'buddy'"),
+    (lambda: simulate_kv_allocation([Request(1, 1)], FOUR_BYTES, "paged", block_size=0), ValueError,
+     r"block_size must be an int >= 1, got 0"),
+    (lambda: simulate_kv_allocation([Request(40, 1)], FOUR_BYTES, "contiguous", max_seq_len=32), ValueError,
+     r"max_seq_len must be >= the longest request \(41 tokens\), got 32"),
+    (lambda: simulate_kv_allocation([(1, 2)], FOUR_BYTES, "paged"), TypeError, r"requests must be a sequence"),
+    (lambda: request_stream(3, prompt_len=(9, 5)), ValueError, r"prompt_len must be a \(low, high\) range"),
+    (lambda: request_stream(3, output_len=5), ValueError, r"output_len must be a \(low, high\) pair, got 5"),
+    (lambda: Request(0, 3), ValueError, r"prompt_len must be an int >= 1, got 0"),
+])
+def test_errors_name_argument_and_value(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
