@@ -2,9 +2,9 @@
 
 import sys
 
-from benchmarks import load_and_notebooks
+from benchmarks import load_and_notebooks, memory_explorer
 
-SUITES = {"load": load_and_notebooks.main}
+SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main}
 
 
 def main(argv: list[str]) -> int:

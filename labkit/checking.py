@@ -270,6 +270,9 @@ def check_function(exercise: Exercise, fn: Any, seed: int | None = None) -> Verd
 def _judge(exercise: Exercise, case: Case, outcome: _Outcome, expected: Any) -> tuple[str | None, str | None]:
     """(problem, hint) for one call, or (None, None) when it is right."""
     if outcome.called_forbidden:
+        if outcome.called_forbidden.startswith("torch."):  # e.g. torch's own loss in a loss exercise
+            return (f"your function calls the ready-made `{outcome.called_forbidden}`",
+                    "the point is to write it yourself from basic tensor operations")
         return (f"your function calls labkit's own `{outcome.called_forbidden}`",
                 "the point is to write it yourself; the checker compares against that very function")
     if outcome.timed_out:

@@ -1,21 +1,22 @@
-"""How many bytes a model needs at inference: weights, KV cache, activations, and one GPU's budget.
+"""How many bytes a model stores at inference: its weights and its KV cache, counted exactly.
 
 Used by the memory lab. Every size is an int number of bytes unless the name says otherwise (``*_gb``,
 ``*_gib``). GB (10**9: vendors' memory sizes and GB/s) and GiB (2**30: what nvidia-smi and torch.cuda
 report) are defined once, in ``labkit.resources``, and re-exported here. Equation numbers are the seed
 course's chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
 
-Weights and KV cache are exact counts of the stored payload. Activations and workspace are first-order
-estimates (their docstrings say what they assume). Left out: sliding-window or cross-layer KV sharing,
-vocabulary padding, CUDA graphs, pipeline parallelism and the scales of a quantized KV cache.
-Presets of real models and GPUs live in ``labkit.presets``; the paged-KV simulator in ``labkit.paging``.
+Weights and KV cache are exact counts of the stored payload (the tests check them against transformers'
+real tensors). Left out: sliding-window or cross-layer KV sharing, vocabulary padding and the scales of a
+quantized KV cache. One GPU's whole budget (activation and workspace estimates, what fits, the largest batch
+or context) is ``labkit.budget``; presets of real models and GPUs ``labkit.presets``; paged KV allocation
+``labkit.paging``.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from labkit.resources import GB, GIB  # defined once for the whole workbook
 from labkit.spec import ModelSpec
@@ -26,8 +27,18 @@ MIB = 2**20  # binary mebibyte, for small tensors
 FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
 
 
-def _count(name: str, value: Any, minimum: int = 0) -> int:
-    """Validate a non-negative (or >= minimum) integer argument and return it as an int."""
+def check_count(name: str, value: Any, minimum: int = 0) -> int:
+    """A count argument validated at a public edge: an int (not a bool) >= minimum, returned as an int.
+
+    Shared by every accounting module (memory, budget, paging) so their messages read the same way.
+
+    >>> check_count("batch_size", 16)
+    16
+    >>> check_count("block_size", 0, minimum=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: block_size must be an int >= 1, got 0
+    """
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got {value!r}")
     try:
@@ -45,7 +56,12 @@ def _spec(spec: Any) -> ModelSpec:
     return spec
 
 
-def _bits(fmt: Any, name: str = "fmt") -> int:
+def format_bits(fmt: Any, name: str = "fmt") -> int:
+    """Bits per stored value of a format name (case-insensitive), validated; name is the caller's argument.
+
+    >>> format_bits("BF16"), format_bits("int4", "kv_dtype")
+    (16, 4)
+    """
     if not isinstance(fmt, str) or fmt.lower() not in FORMAT_BITS:
         raise ValueError(f"{name} must be one of {sorted(FORMAT_BITS)}, got {fmt!r}")
     return FORMAT_BITS[fmt.lower()]
@@ -79,7 +95,7 @@ def bytes_per_value(fmt: str) -> float:
     >>> bytes_per_value("bf16"), bytes_per_value("int4")
     (2.0, 0.5)
     """
-    return _bits(fmt) / 8
+    return format_bits(fmt) / 8
 
 
 def stored_bytes(n_values: int, fmt: str, group_size: int | None = None, scale_bytes: int = 2) -> int:
@@ -93,12 +109,12 @@ def stored_bytes(n_values: int, fmt: str, group_size: int | None = None, scale_b
     >>> stored_bytes(2**20, "int4", group_size=64) / MIB  # 0.5 MiB of codes + 16,384 two-byte scales
     0.53125
     """
-    n_values, bits = _count("n_values", n_values), _bits(fmt)
+    n_values, bits = check_count("n_values", n_values), format_bits(fmt)
     payload = -(-n_values * bits // 8)
     if group_size is None:
         return payload
-    n_groups = -(-n_values // _count("group_size", group_size, 1))
-    return payload + n_groups * _count("scale_bytes", scale_bytes)
+    n_groups = -(-n_values // check_count("group_size", group_size, 1))
+    return payload + n_groups * check_count("scale_bytes", scale_bytes)
 
 
 @dataclass(frozen=True)
@@ -115,7 +131,7 @@ class BlockLayout:
         for name in ("gated_mlp", "linear_bias", "norm_bias", "qk_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        _count("norms_per_layer", self.norms_per_layer)
+        check_count("norms_per_layer", self.norms_per_layer)
 
 
 LLAMA = BlockLayout()
@@ -132,7 +148,7 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
     >>> kv_heads_per_rank(spec, 2), kv_heads_per_rank(spec, 8)
     (1, 1)
     """
-    spec, tp = _spec(spec), _count("tp", tp, 1)
+    spec, tp = _spec(spec), check_count("tp", tp, 1)
     if spec.n_heads % tp:
         raise ValueError(f"tp must divide n_heads ({spec.n_heads}) so every rank gets whole heads, got {tp}")
     if tp <= spec.n_kv_heads:
@@ -144,8 +160,13 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
     return 1
 
 
-def _check_shardable(spec: ModelSpec, layout: BlockLayout, tp: int) -> int:
-    """Validate what an architecture count needs; return this rank's KV heads."""
+def check_shardable(spec: ModelSpec, layout: BlockLayout, tp: int) -> int:
+    """Validate what a per-rank architecture count needs (layout, d_ff, tp); return this rank's KV heads.
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
+    >>> check_shardable(spec, LLAMA, tp=2)
+    1
+    """
     kv_heads = kv_heads_per_rank(spec, tp)
     if not isinstance(layout, BlockLayout):
         raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
@@ -167,7 +188,7 @@ def param_breakdown(spec: ModelSpec, layout: BlockLayout = LLAMA, tp: int = 1) -
     >>> param_breakdown(spec)  # q,o 4x4; k,v 4x2; gate,up,down 4x8; two norms + final norm of 4
     {'embeddings': 40, 'attention': 48, 'mlp': 96, 'norms': 12, 'lm_head': 40}
     """
-    kv_heads = _check_shardable(spec, layout, tp)
+    kv_heads = check_shardable(spec, layout, tp)
     d, ff = spec.d_model, spec.d_ff // tp
     q_width = spec.n_heads // tp * spec.head_dim  # this rank's query heads: q's output, o's input
     kv_width = kv_heads * spec.head_dim
@@ -223,7 +244,7 @@ def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = N
     >>> weights_bytes(spec, "int4"), weights_bytes(spec, "int4", group_size=100)  # 500 + 10 scales of 2 B
     (500, 520)
     """
-    spec, tp = _spec(spec), _count("tp", tp, 1)
+    spec, tp = _spec(spec), check_count("tp", tp, 1)
     if tp == 1 and spec.n_params is not None:
         n_values = spec.n_params
     else:
@@ -246,7 +267,7 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> 
     spec = _spec(spec)
     # head_dim and n_kv_heads, never d_model / n_heads: that is the MHA-only shortcut the seeds got wrong.
     n_values = 2 * spec.n_layers * kv_heads_per_rank(spec, tp) * spec.head_dim
-    return n_values * _bits(kv_dtype, "kv_dtype") // 8  # n_values is even, so INT4 fills whole bytes
+    return n_values * format_bits(kv_dtype, "kv_dtype") // 8  # n_values is even, so INT4 fills whole bytes
 
 
 def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
@@ -256,187 +277,8 @@ def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str
     >>> kv_cache_bytes(spec, batch_size=16, seq_len=4096, kv_dtype="fp16") / GIB  # the worked example
     8.0
     """
-    batch_size, seq_len = _count("batch_size", batch_size), _count("seq_len", seq_len)
+    batch_size, seq_len = check_count("batch_size", batch_size), check_count("seq_len", seq_len)
     return batch_size * seq_len * kv_bytes_per_token(spec, kv_dtype, tp)
-
-
-def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: str = "bf16", tp: int = 1,
-                      layout: BlockLayout = LLAMA) -> int:
-    """First-order estimate of live activation bytes at the prefill peak on one of tp ranks.
-
-    Assumes the whole batch is prefilled in one forward pass, layers run one after another (one layer's
-    tensors alive at a time), and a fused attention kernel (FlashAttention) that never stores the
-    [seq_len, seq_len] scores. Per token alive: the residual stream and its normed copy (2 d_model), the
-    q/k/v projections, and the MLP hidden state (gate and up: 2 d_ff / tp), in act_fmt; plus FP32 logits of
-    the last position [batch, vocab / tp]. Autograd-free inference; chunked prefill would lower it.
-
-    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
-    >>> activations_bytes(spec, 1, 3)  # 3 tokens x (8 + 8 + 16) values x 2 B + 10 logits x 4 B
-    232
-    """
-    kv_heads = _check_shardable(spec, layout, tp)
-    batch_size, seq_len = _count("batch_size", batch_size), _count("seq_len", seq_len)
-    qkv = (spec.n_heads // tp + 2 * kv_heads) * spec.head_dim
-    mlp_hidden = (2 if layout.gated_mlp else 1) * (spec.d_ff // tp)
-    per_token = 2 * spec.d_model + qkv + mlp_hidden
-    logits = batch_size * -(-spec.vocab // tp) * 4  # FP32: engines upcast logits before sampling
-    return -(-batch_size * seq_len * per_token * _bits(act_fmt, "act_fmt") // 8) + logits
-
-
-def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
-    """First-order allowance for everything not modelled: a fraction of the device memory.
-
-    The default 10% is what vLLM leaves outside its budget (gpu_memory_utilization=0.9) for the CUDA
-    context, cuBLAS/NCCL workspaces and allocator fragmentation; measure a real deployment instead.
-
-    >>> workspace_bytes(80 * GB)
-    8000000000
-    """
-    capacity_bytes = _count("capacity_bytes", capacity_bytes, 1)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-        raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
-    return int(capacity_bytes * fraction)
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """One GPU's memory and bandwidth as its vendor states them.
-
-    >>> GPUSpec("invented", memory_bytes=8 * GIB).memory_gib
-    8.0
-    """
-
-    name: str  # a label for tables
-    memory_bytes: int  # device memory; a vendor's "80 GB" is read literally as 80 * 10**9 bytes
-    bandwidth_bytes_per_s: float | None = None  # peak memory bandwidth (vendors quote decimal GB/s)
-    vendor_memory: str = ""  # the figure as printed on the datasheet, e.g. "80 GB HBM2e"
-    source: str = ""  # where the numbers come from
-
-    def __post_init__(self) -> None:
-        _count("memory_bytes", self.memory_bytes, 1)
-
-    @property
-    def memory_gib(self) -> float:
-        return to_gib(self.memory_bytes)
-
-    @property
-    def memory_gb(self) -> float:
-        return to_gb(self.memory_bytes)
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """One GPU's memory, part by part, in bytes; *_gib properties for display.
-
-    >>> b = MemoryBudget(4 * GIB, 3 * GIB // 2, 3 * GIB // 4, GIB // 2, 8 * GIB, other_bytes=GIB // 2)
-    >>> b.total_gib, b.headroom_gib, b.fits  # the seed's invented 8-GiB device
-    (7.25, 0.75, True)
-    """
-
-    weights_bytes: int  # this rank's weights, with quantization scales
-    kv_cache_bytes: int  # this rank's KV heads for every cached token (eq. 8.3)
-    activations_bytes: int  # first-order prefill peak, see activations_bytes()
-    workspace_bytes: int  # allowance for CUDA context, library workspaces, fragmentation
-    capacity_bytes: int  # the GPU's memory
-    other_bytes: int = 0  # anything else the caller reserves
-    tp: int = 1  # tensor-parallel ranks; every field above is per GPU
-
-    def __post_init__(self) -> None:
-        for name in ("weights_bytes", "kv_cache_bytes", "activations_bytes", "workspace_bytes", "other_bytes"):
-            _count(name, getattr(self, name))
-        _count("capacity_bytes", self.capacity_bytes, 1)
-        _count("tp", self.tp, 1)
-
-    @property
-    def parts(self) -> dict[str, int]:
-        """The stacked-bar parts, in bytes."""
-        return {"weights": self.weights_bytes, "kv_cache": self.kv_cache_bytes,
-                "activations": self.activations_bytes, "workspace": self.workspace_bytes,
-                "other": self.other_bytes}
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.parts.values())
-
-    @property
-    def headroom_bytes(self) -> int:
-        """Capacity minus total; negative when it does not fit."""
-        return self.capacity_bytes - self.total_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
-
-    weights_gib = property(lambda self: to_gib(self.weights_bytes))
-    kv_cache_gib = property(lambda self: to_gib(self.kv_cache_bytes))
-    activations_gib = property(lambda self: to_gib(self.activations_bytes))
-    workspace_gib = property(lambda self: to_gib(self.workspace_bytes))
-    total_gib = property(lambda self: to_gib(self.total_bytes))
-    capacity_gib = property(lambda self: to_gib(self.capacity_bytes))
-    headroom_gib = property(lambda self: to_gib(self.headroom_bytes))
-
-
-def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_fmt: str = "bf16",
-           kv_dtype: str = "bf16", tp: int = 1, *, layout: BlockLayout = LLAMA, group_size: int | None = None,
-           scale_bytes: int = 2, act_fmt: str = "bf16", workspace_fraction: float = 0.1,
-           other_bytes: int = 0) -> MemoryBudget:
-    """Per-GPU memory for serving batch_size sequences of seq_len tokens with tp-way tensor parallelism.
-
-    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
-    >>> b = budget(spec, GPUSpec("1 KB", 1000), batch_size=1, seq_len=3, workspace_fraction=0)
-    >>> b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.fits  # 236 params x 2 B; 3 x 2*2 x 2 B
-    (472, 24, 232, True)
-    """
-    if not isinstance(gpu, GPUSpec):
-        raise TypeError(f"gpu must be a GPUSpec (labkit.presets.gpu_preset(name)), got {type(gpu).__name__}")
-    _bits(weight_fmt, "weight_fmt")  # checked here so the message names budget's own argument
-    return MemoryBudget(
-        weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),
-        kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, kv_dtype, tp),
-        activations_bytes=activations_bytes(spec, batch_size, seq_len, act_fmt, tp, layout),
-        workspace_bytes=workspace_bytes(gpu.memory_bytes, workspace_fraction),
-        capacity_bytes=gpu.memory_bytes,
-        other_bytes=_count("other_bytes", other_bytes),
-        tp=tp,
-    )
-
-
-def _largest_fitting(fits: Callable[[int], bool]) -> int:
-    """Largest n >= 1 with fits(n), for fits true up to some n and false beyond; 0 if fits(1) is false."""
-    if not fits(1):
-        return 0
-    low = 1
-    while fits(2 * low):  # total memory grows at least linearly, so this ends
-        low *= 2
-    high = 2 * low  # invariant: fits(low) and not fits(high)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return low
-
-
-def max_batch_size(spec: ModelSpec, gpu: GPUSpec, seq_len: int, **options: Any) -> int:
-    """Most sequences of seq_len tokens that fit on each GPU (0 if one does not); options go to budget().
-
-    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
-    >>> max_batch_size(spec, GPUSpec("1 KB", 1000), seq_len=3, workspace_fraction=0)  # 472 + 256 n <= 1000
-    2
-    """
-    seq_len = _count("seq_len", seq_len, 1)
-    return _largest_fitting(lambda n: budget(spec, gpu, n, seq_len, **options).fits)
-
-
-def max_seq_len(spec: ModelSpec, gpu: GPUSpec, batch_size: int, **options: Any) -> int:
-    """Longest context that fits for batch_size sequences on each GPU (0 if none); options go to budget().
-
-    Memory only: the model's own context limit is not in ModelSpec, so check it separately.
-
-    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
-    >>> max_seq_len(spec, GPUSpec("1 KB", 1000), batch_size=1, workspace_fraction=0)  # 512 + 72 T <= 1000
-    6
-    """
-    batch_size = _count("batch_size", batch_size, 1)
-    return _largest_fitting(lambda n: budget(spec, gpu, batch_size, n, **options).fits)
 
 
 @dataclass(frozen=True)
@@ -462,11 +304,23 @@ def sparse_2_4_bytes(rows: int, cols: int, fmt: str = "bf16") -> Sparse24Bytes:
     >>> sparse_2_4_bytes(4096, 4096).total_bytes  # 8,388,608 x 2 B + 8,388,608 x 2 bit
     18874368
     """
-    rows, cols = _count("rows", rows, 1), _count("cols", cols, 4)
+    rows, cols = check_count("rows", rows, 1), check_count("cols", cols, 4)
     if cols % 4:
         raise ValueError(f"cols must be a multiple of 4 (groups of four along a row), got {cols}")
     kept = rows * cols // 2
     return Sparse24Bytes(stored_bytes(kept, fmt), kept * 2 // 8, stored_bytes(rows * cols, fmt))
+
+
+def output_cache(outputs: Any) -> Any:
+    """The KV cache a transformers forward pass returned (``outputs.cache``; ``past_key_values`` before 5.x).
+
+    >>> output_cache({"logits": None, "cache": "the cache"})
+    'the cache'
+    """
+    for key in ("cache", "past_key_values"):  # renamed in transformers 5; the old name warns there
+        if key in outputs.keys() and outputs[key] is not None:
+            return outputs[key]
+    raise ValueError(f"outputs holds no cache (keys {list(outputs.keys())}); call the model with use_cache=True")
 
 
 def measured_kv_cache_bytes(cache: Any) -> int:

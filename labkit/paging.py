@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from labkit.memory import _count, kv_bytes_per_token
+from labkit.memory import check_count, kv_bytes_per_token
 from labkit.spec import ModelSpec
 
 POLICIES = ("contiguous", "paged")
@@ -29,8 +29,8 @@ class Request:
     output_len: int  # tokens generated, each cached as it is produced
 
     def __post_init__(self) -> None:
-        _count("prompt_len", self.prompt_len, 1)
-        _count("output_len", self.output_len)
+        check_count("prompt_len", self.prompt_len, 1)
+        check_count("output_len", self.output_len)
 
     @property
     def total_len(self) -> int:
@@ -44,11 +44,11 @@ def request_stream(n_requests: int, seed: int = 0, prompt_len: tuple[int, int] =
     >>> [r.total_len for r in request_stream(3, prompt_len=(10, 10), output_len=(5, 5))]
     [15, 15, 15]
     """
-    n_requests, seed = _count("n_requests", n_requests), _count("seed", seed)
+    n_requests, seed = check_count("n_requests", n_requests), check_count("seed", seed)
     for name, bounds in {"prompt_len": prompt_len, "output_len": output_len}.items():
         if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
             raise ValueError(f"{name} must be a (low, high) pair, got {bounds!r}")
-        if _count(f"{name}[0]", bounds[0], 1) > _count(f"{name}[1]", bounds[1], 1):
+        if check_count(f"{name}[0]", bounds[0], 1) > check_count(f"{name}[1]", bounds[1], 1):
             raise ValueError(f"{name} must be a (low, high) range with low <= high, got {bounds!r}")
     rng = np.random.default_rng(seed)
     prompts = rng.integers(prompt_len[0], prompt_len[1], size=n_requests, endpoint=True)
@@ -106,11 +106,11 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
     requests = list(requests)
     if not all(isinstance(r, Request) for r in requests):
         raise TypeError("requests must be a sequence of labkit.paging.Request")
-    block_size = _count("block_size", block_size, 1)
+    block_size = check_count("block_size", block_size, 1)
     longest = max((r.total_len for r in requests), default=0)
     if max_seq_len is None:
         max_seq_len = longest
-    elif _count("max_seq_len", max_seq_len, 1) < longest:
+    elif check_count("max_seq_len", max_seq_len, 1) < longest:
         raise ValueError(f"max_seq_len must be >= the longest request ({longest} tokens), got {max_seq_len}")
     token_bytes = kv_bytes_per_token(spec, kv_dtype)
 
@@ -119,7 +119,7 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
     waste = sum(reserved) - used
     requests_fit = None
     if kv_budget_bytes is not None:
-        kv_budget_bytes, requests_fit, held = _count("kv_budget_bytes", kv_budget_bytes), 0, 0
+        kv_budget_bytes, requests_fit, held = check_count("kv_budget_bytes", kv_budget_bytes), 0, 0
         for tokens in reserved:
             if held + tokens * token_bytes > kv_budget_bytes:
                 break

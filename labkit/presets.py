@@ -10,7 +10,8 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from labkit.memory import GB, GIB, BlockLayout, GPUSpec
+from labkit.budget import GPUSpec
+from labkit.memory import GB, GIB, BlockLayout
 from labkit.resources import load_json
 from labkit.spec import ModelSpec
 

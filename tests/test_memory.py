@@ -5,9 +5,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from labkit.memory import (
-    GB, GIB, LLAMA, MIB, BlockLayout, GPUSpec, MemoryBudget, budget, bytes_per_value, kv_bytes_per_token,
-    kv_cache_bytes, kv_heads_per_rank, max_batch_size, max_seq_len, measured_kv_cache_bytes, param_breakdown,
-    param_count, params_12d2, sparse_2_4_bytes, stored_bytes, to_gb, to_gib, weights_bytes, workspace_bytes,
+    GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, check_count, format_bits, kv_bytes_per_token, kv_cache_bytes,
+    kv_heads_per_rank, measured_kv_cache_bytes, param_breakdown, param_count, params_12d2, sparse_2_4_bytes,
+    stored_bytes, to_gb, to_gib, weights_bytes,
 )
 from labkit.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
 from labkit.spec import ModelSpec
@@ -197,67 +197,6 @@ def test_wrong_layout_for_a_preset_is_caught_when_sharding():
         weights_bytes(model_preset("Pythia-14M"), "bf16", tp=2, layout=LLAMA)
 
 
-# ----- budget and reverse questions -----
-
-def test_seed_invented_8_gib_device():
-    b = MemoryBudget(weights_bytes=4 * GIB, kv_cache_bytes=3 * GIB // 2, activations_bytes=3 * GIB // 4,
-                     workspace_bytes=GIB // 2, capacity_bytes=8 * GIB, other_bytes=GIB // 2)
-    assert (b.total_gib, b.headroom_gib, b.fits) == (7.25, 0.75, True)
-    assert list(b.parts) == ["weights", "kv_cache", "activations", "workspace", "other"]
-
-
-def test_budget_parts_for_llama_8b_on_an_h100():
-    spec, h100 = model_preset("Llama-3-8B"), gpu_preset("H100-SXM")
-    b = budget(spec, h100, batch_size=16, seq_len=4096, weight_fmt="bf16", kv_dtype="fp16")
-    assert b.weights_bytes == 2 * 8_030_261_248
-    assert b.kv_cache_bytes == 8 * GIB
-    assert b.workspace_bytes == 8 * GB
-    assert b.total_bytes == sum(b.parts.values()) and b.headroom_bytes == 80 * GB - b.total_bytes
-
-
-def test_seed_claim_int4_70b_fits_one_a100_needs_the_80gb_card():
-    # Seed 004: "INT4 = 35GB (fits on 1 A100!)". With group-128 scales and vLLM's 10% reserve, the 40 GB
-    # card cannot hold even one token; the 80 GB card serves thousands.
-    spec, options = model_preset("Llama-3.3-70B"), dict(weight_fmt="int4", group_size=128, kv_dtype="bf16")
-    assert max_batch_size(spec, gpu_preset("A100-40GB"), seq_len=1, **options) == 0
-    assert max_seq_len(spec, gpu_preset("A100-80GB"), batch_size=1, **options) > 32_768
-
-
-def test_tensor_parallel_budget_is_per_gpu():
-    spec, h100 = model_preset("Llama-3.3-70B"), gpu_preset("H100-SXM")
-    assert not budget(spec, h100, 1, 4096).fits  # 141 GB of BF16 weights on one 80 GB GPU
-    b = budget(spec, h100, 1, 4096, tp=4)
-    assert b.fits and b.weights_bytes == 2 * param_count(spec, tp=4)
-    assert b.kv_cache_bytes == kv_cache_bytes(spec, 1, 4096) // 4
-
-
-small_specs = st.builds(
-    lambda n_layers, n_kv_heads, group, head_dim, d_model, d_ff: ModelSpec(
-        "small", n_layers=n_layers, d_model=d_model, n_heads=n_kv_heads * group, n_kv_heads=n_kv_heads,
-        head_dim=head_dim, vocab=50, d_ff=d_ff),
-    st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(1, 16), st.integers(1, 32),
-    st.integers(1, 64),
-)
-
-
-@settings(max_examples=60)
-@given(small_specs, st.integers(1, 10**7), st.integers(1, 512), formats, formats)
-def test_max_batch_size_sits_on_the_boundary(spec, capacity, seq_len, weight_fmt, kv_dtype):
-    gpu, options = GPUSpec("random", capacity), dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype)
-    n = max_batch_size(spec, gpu, seq_len, **options)
-    assert n == 0 or budget(spec, gpu, n, seq_len, **options).fits
-    assert not budget(spec, gpu, n + 1, seq_len, **options).fits
-
-
-@settings(max_examples=60)
-@given(small_specs, st.integers(1, 10**7), st.integers(1, 64), formats)
-def test_max_seq_len_sits_on_the_boundary(spec, capacity, batch_size, kv_dtype):
-    gpu = GPUSpec("random", capacity)
-    n = max_seq_len(spec, gpu, batch_size, kv_dtype=kv_dtype)
-    assert n == 0 or budget(spec, gpu, batch_size, n, kv_dtype=kv_dtype).fits
-    assert not budget(spec, gpu, batch_size, n + 1, kv_dtype=kv_dtype).fits
-
-
 # ----- presets, sparsity -----
 
 def test_gpu_presets_keep_the_vendor_figures():
@@ -286,9 +225,6 @@ def test_2_4_sparse_projection_is_56_percent_of_dense():
 @pytest.mark.parametrize("call,error,match", [
     (lambda: bytes_per_value("fp12"), ValueError, r"fmt must be one of \['bf16', .*got 'fp12'"),
     (lambda: kv_cache_bytes(TOY, 1, 8, "e4m3"), ValueError, r"kv_dtype must be one of .*'e4m3'"),
-    (lambda: budget(TOY, GPUSpec("x", GB), 1, 8, weight_fmt="q4"), ValueError, r"weight_fmt must be one of .*'q4'"),
-    (lambda: budget(TOY, GPUSpec("x", GB), 1, 8, act_fmt="fp64"), ValueError, r"act_fmt must be one of .*'fp64'"),
-    (lambda: MemoryBudget(-1, 0, 0, 0, GB), ValueError, r"weights_bytes must be an int >= 0, got -1"),
     (lambda: BlockLayout(gated_mlp="yes"), TypeError, r"gated_mlp must be a bool, got 'yes'"),
     (lambda: kv_cache_bytes(TOY, -1, 8), ValueError, r"batch_size must be an int >= 0, got -1"),
     (lambda: kv_cache_bytes(TOY, 1.5, 8), TypeError, r"batch_size must be an int, got 1.5"),
@@ -296,14 +232,13 @@ def test_2_4_sparse_projection_is_56_percent_of_dense():
     (lambda: stored_bytes(10, "int4", group_size=0), ValueError, r"group_size must be an int >= 1, got 0"),
     (lambda: param_count(dataclasses.replace(TOY, d_ff=None)), ValueError, r"spec.d_ff is None for 'toy'"),
     (lambda: param_count(TOY, layout="llama"), TypeError, r"layout must be a BlockLayout, got str"),
-    (lambda: budget(TOY, "T4", 1, 8), TypeError, r"gpu must be a GPUSpec .*got str"),
-    (lambda: workspace_bytes(GB, 1.0), ValueError, r"fraction must be a number in \[0, 1\), got 1.0"),
     (lambda: sparse_2_4_bytes(4, 6), ValueError, r"cols must be a multiple of 4 .*got 6"),
-    (lambda: max_batch_size(TOY, GPUSpec("x", GB), seq_len=0), ValueError, r"seq_len must be an int >= 1, got 0"),
     (lambda: model_preset("gpt-5"), ValueError, r"name must be one of \['Falcon-7B', .*got 'gpt-5'"),
     (lambda: gpu_preset("V100"), ValueError, r"gpu must be one of \['A100-40GB', .*got 'V100'"),
-    (lambda: GPUSpec("x", memory_bytes=0), ValueError, r"memory_bytes must be an int >= 1, got 0"),
     (lambda: measured_kv_cache_bytes(3), TypeError, r"cache must be a transformers Cache"),
+    (lambda: check_count("n_values", True), TypeError, r"n_values must be an int, got True"),
+    (lambda: check_count("seq_len", "8"), TypeError, r"seq_len must be an int, got '8' \(str\)"),
+    (lambda: format_bits("int3", "weight_fmt"), ValueError, r"weight_fmt must be one of .*got 'int3'"),
 ])
 def test_errors_name_argument_value_and_choices(call, error, match):
     with pytest.raises(error, match=match):

@@ -88,7 +88,7 @@ def test_wheel_carries_the_data_and_works_from_another_directory(tmp_path):
 def test_core_modules_import_no_widgets_or_plots():
     core = ["labkit.spec", "labkit.resources", "labkit.models", "labkit.course"]
     core += [f"labkit.{p.stem}" for p in (ROOT / "labkit").glob("*.py")
-             if p.stem in {"memory", "paging", "sampling", "loss", "quantization", "timing", "speculative"}]
+             if p.stem in {"memory", "budget", "presets", "paging", "sampling", "generation", "texts", "loss", "quantization", "timing", "speculative"}]
     code = f"import sys; import {', '.join(core)}; print([m for m in ('ipywidgets', 'matplotlib') if m in sys.modules])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -1,0 +1,228 @@
+"""The KV-cache explorer (lab 04): does this model, at this batch and context, fit on this GPU?
+
+``compute`` is pure: a preset model and GPU, the weight and KV formats, batch and context, an attention
+what-if (MHA / GQA / MQA) and a tensor-parallel degree in; a :class:`MemoryView` out, with the per-GPU budget,
+the largest batch and the longest context that would fit, and the arithmetic with every number substituted.
+``render`` moves the bars of a figure drawn once; ``memory_explorer`` wires core ipywidgets to both.
+
+Integer formats store one 2-byte scale per group of 128 weights (as GPTQ/AWQ checkpoints commonly do); the
+activation and workspace parts are labkit.budget's first-order estimates, and the text says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from dataclasses import dataclass
+
+from labkit.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
+from labkit.explorers.canvas import FigureCanvas
+from labkit.memory import GB, GIB, FORMAT_BITS, BlockLayout, kv_heads_per_rank, param_count
+from labkit.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
+from labkit.spec import ModelSpec
+
+ATTENTION = ("as built", "MHA", "GQA", "MQA")
+WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
+KV_FORMATS = ("fp32", "bf16", "fp8", "int4")
+TP_DEGREES = (1, 2, 4, 8)
+GROUP_SIZE = 128  # integer weight formats: one scale per 128 weights
+PARTS = ("weights", "KV cache", "activations (est.)", "workspace (est.)", "free")
+COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#e8e8e8")
+
+
+def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
+    """The spec with its KV heads replaced by an attention what-if; n_params cleared when the shape changes.
+
+    GQA keeps a GQA model as built; for an MHA or MQA model it groups query heads by 4 (n_heads / 4 KV heads).
+
+    >>> spec = model_preset("Llama-3-8B")
+    >>> [with_attention(spec, a).n_kv_heads for a in ATTENTION]
+    [8, 32, 8, 1]
+    """
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    as_built = 1 < spec.n_kv_heads < spec.n_heads
+    if attention == "as built" or (attention == "GQA" and as_built):
+        return spec
+    if attention == "GQA" and spec.n_heads % 4:
+        raise ValueError(f"GQA what-if: {spec.n_heads} query heads cannot be grouped by 4")
+    n_kv_heads = {"MHA": spec.n_heads, "MQA": 1, "GQA": spec.n_heads // 4}[attention]
+    if n_kv_heads == spec.n_kv_heads:
+        return spec
+    # The k/v projections change size with the KV heads, so the published count no longer applies.
+    return dataclasses.replace(spec, n_kv_heads=n_kv_heads, n_params=None)
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    """Everything the explorer shows for one setting; budget is None when the setting is impossible."""
+
+    spec: ModelSpec  # the model after the attention what-if
+    gpu: GPUSpec
+    batch_size: int
+    seq_len: int
+    tp: int
+    budget: MemoryBudget | None
+    max_batch: int  # largest batch at seq_len on each GPU (0: not even one sequence)
+    max_seq: int  # longest context at batch_size (0: not even one token)
+    steps: tuple[str, ...]  # the arithmetic, one line per part, numbers substituted
+    error: str | None = None  # why the setting is impossible (e.g. 71 heads over 2 GPUs)
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes:,} B = {n_bytes / GB:,.2f} GB = {n_bytes / GIB:,.2f} GiB"
+
+
+def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: int, seq_len: int, weight_fmt: str,
+           kv_dtype: str, tp: int) -> tuple[str, ...]:
+    n_weights = spec.n_params if tp == 1 and spec.n_params is not None else param_count(spec, layout, tp)
+    bits = FORMAT_BITS[weight_fmt]
+    weights = f"weights: {n_weights:,} params x {bits / 8:g} B"
+    if weight_fmt.startswith("int"):
+        weights += f" + ceil({n_weights:,} / {GROUP_SIZE}) scales x 2 B"
+    if tp > 1:
+        weights = weights.replace("params", f"params on this GPU (1/{tp} of each matrix, norms copied)")
+    kv_heads = kv_heads_per_rank(spec, tp)
+    kv = (f"KV cache (eq. 8.3): 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
+          f"{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x d_h {spec.head_dim} x "
+          f"{FORMAT_BITS[kv_dtype] / 8:g} B")
+    return (
+        f"{weights} = {_size(b.weights_bytes)}",
+        f"{kv} = {_size(b.kv_cache_bytes)}",
+        f"activations (estimate: one layer's prefill tensors + FP32 logits) = {_size(b.activations_bytes)}",
+        f"workspace (estimate: 10% of the GPU) = {_size(b.workspace_bytes)}",
+        f"total = {_size(b.total_bytes)}",
+        f"capacity = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB "
+        f"= {b.headroom_bytes / GIB:,.2f} GiB",
+    )
+
+
+def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
+            seq_len: int = 4096, attention: str = "as built", tp: int = 1) -> MemoryView:
+    """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in).
+
+    >>> view = compute("Llama-3-8B", "H100-SXM", batch_size=16, seq_len=4096, kv_dtype="fp16")
+    >>> view.budget.kv_cache_bytes == 8 * GIB, view.budget.fits, view.max_batch >= 16
+    (True, True, True)
+    """
+    as_built, device, layout = model_preset(model), gpu_preset(gpu), model_layout(model)
+    spec = as_built
+    options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
+                   group_size=GROUP_SIZE if weight_fmt.startswith("int") else None)
+    try:
+        spec = with_attention(as_built, attention)
+        b = budget(spec, device, batch_size, seq_len, **options)
+    except ValueError as error:  # an impossible setting is shown, not raised into the widget
+        return MemoryView(spec, device, batch_size, seq_len, tp, None, 0, 0, (), str(error))
+    return MemoryView(
+        spec=spec, gpu=device, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
+        max_batch=max_batch_size(spec, device, seq_len, **options),
+        max_seq=max_seq_len(spec, device, batch_size, **options),
+        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp),
+    )
+
+
+def bar_parts_gb(view: MemoryView) -> tuple[float, ...]:
+    """The five stacked-bar widths in decimal GB: weights, KV, activations, workspace (+ other), free."""
+    if view.budget is None:
+        return (0.0,) * len(PARTS)
+    b = view.budget
+    return (b.weights_bytes / GB, b.kv_cache_bytes / GB, b.activations_bytes / GB,
+            (b.workspace_bytes + b.other_bytes) / GB, max(b.headroom_bytes, 0) / GB)
+
+
+def verdict_text(view: MemoryView) -> str:
+    """One line: fits or not, and the largest batch and context that would."""
+    if view.budget is None:
+        return f"impossible setting: {view.error}"
+    b, per = view.budget, f" per GPU (x{view.tp})" if view.tp > 1 else ""
+    head = (f"FITS{per}: {b.total_gb:,.1f} of {b.capacity_gb:,.0f} GB" if b.fits else
+            f"DOES NOT FIT{per}: needs {b.total_gb:,.1f} GB, has {b.capacity_gb:,.0f} GB")
+    return (f"{head}. Largest batch at {view.seq_len:,} tokens: {view.max_batch:,}; "
+            f"longest context at batch {view.batch_size:,}: {view.max_seq:,} tokens")
+
+
+class MemoryFigure:
+    """A horizontal stacked bar against the GPU's capacity, drawn once and moved by ``render``."""
+
+    def __init__(self, width_in: float = 7.5, height_in: float = 1.3, dpi: int = 72):
+        self.canvas = FigureCanvas(width_in, height_in, dpi)
+        self.axes = self.canvas.figure.add_subplot()
+        self.bars = [self.axes.barh(0, 1.0, left=0.0, height=0.6, color=c, edgecolor="white", label=p)[0]
+                     for p, c in zip(PARTS, COLOURS)]
+        self.capacity = self.axes.axvline(1.0, color="#c0392b", linewidth=2)
+        self.axes.set_yticks([])
+        self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory", fontsize=8)
+        self.axes.tick_params(labelsize=8)
+        # Text is what costs time to draw, so the key is HTML (legend_html) and the layout is solved once.
+        self.canvas.refresh()
+        self.canvas.figure.set_layout_engine("none")
+
+
+def legend_html() -> str:
+    """The colour key of the bar, as HTML (drawn once by the browser, not on every update)."""
+    keys = "".join(f'<span style="background:{c};display:inline-block;width:12px;height:12px;margin:0 4px 0 10px">'
+                   f"</span>{html.escape(p)}" for p, c in zip(PARTS, COLOURS))
+    return f'<div style="font-size:12px">{keys}</div>'
+
+
+def render(figure: MemoryFigure, view: MemoryView) -> None:
+    """Update the bar segments, the capacity line and the axis range in place, then refresh the image."""
+    left = 0.0
+    for bar, width in zip(figure.bars, bar_parts_gb(view)):
+        bar.set_x(left)
+        bar.set_width(width)
+        left += width
+    capacity_gb = view.gpu.memory_bytes / GB
+    figure.capacity.set_xdata([capacity_gb, capacity_gb])
+    figure.axes.set_xlim(0, max(left, capacity_gb) * 1.04)
+    figure.canvas.refresh()
+
+
+def steps_html(view: MemoryView) -> str:
+    """The verdict and the arithmetic as HTML lines."""
+    colour = "#1a7f37" if view.budget is not None and view.budget.fits else "#cf222e"
+    lines = "<br>".join(html.escape(step) for step in view.steps)
+    return (f'<div style="font-family:monospace;font-size:12px"><b style="color:{colour}">'
+            f"{html.escape(verdict_text(view))}</b><br>{lines}</div>")
+
+
+def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB"):
+    """The KV-cache explorer widget: dropdowns, toggles and log-scaled sliders over compute + render."""
+    import ipywidgets as widgets
+
+    controls = {
+        "model": widgets.Dropdown(options=list(model_presets()), value=model, description="model"),
+        "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU"),
+        "weight_fmt": widgets.ToggleButtons(options=WEIGHT_FORMATS, value="bf16", description="weights"),
+        "kv_dtype": widgets.ToggleButtons(options=KV_FORMATS, value="bf16", description="KV cache"),
+        "log2_batch": widgets.IntSlider(value=4, min=0, max=10, description="log2 batch"),
+        "log2_seq": widgets.IntSlider(value=12, min=7, max=17, description="log2 context"),
+        "attention": widgets.ToggleButtons(options=ATTENTION, value="as built", description="attention"),
+        "tp": widgets.ToggleButtons(options=TP_DEGREES, value=1, description="GPUs (TP)"),
+    }
+    for toggle in ("weight_fmt", "kv_dtype", "attention", "tp"):
+        controls[toggle].style.button_width = "64px"
+    sizes = widgets.HTML()
+    text = widgets.HTML()
+    figure = MemoryFigure()
+
+    def update(change=None) -> None:
+        values = {name: control.value for name, control in controls.items()}
+        batch_size, seq_len = 2 ** values.pop("log2_batch"), 2 ** values.pop("log2_seq")
+        view = compute(batch_size=batch_size, seq_len=seq_len, **values)
+        sizes.value = f"batch {batch_size:,} sequences &times; context {seq_len:,} tokens"
+        render(figure, view)
+        text.value = steps_html(view)
+
+    for control in controls.values():
+        control.observe(update, names="value")
+    update()
+    box = widgets.VBox([
+        widgets.HBox([controls["model"], controls["gpu"]]),
+        controls["weight_fmt"], controls["kv_dtype"], controls["attention"], controls["tp"],
+        widgets.HBox([controls["log2_batch"], controls["log2_seq"]]), sizes,
+        figure.canvas.image, widgets.HTML(legend_html()), text,
+    ])
+    box.controls, box.figure = controls, figure  # for tests and the benchmark
+    return box

@@ -1,0 +1,83 @@
+"""The KV-cache explorer: compute() values, render() moves artists in place, the widget answers its controls."""
+
+import pytest
+
+from labkit.budget import budget, max_batch_size
+from labkit.explorers.memory import (
+    ATTENTION, GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, memory_explorer, render, steps_html, verdict_text,
+    with_attention,
+)
+from labkit.memory import GB, GIB, kv_cache_bytes
+from labkit.presets import gpu_preset, model_layout, model_preset
+
+
+def test_compute_agrees_with_the_core_budget():
+    view = compute("Llama-3-8B", "H100-SXM", "bf16", "fp16", batch_size=16, seq_len=4096)
+    expected = budget(model_preset("Llama-3-8B"), gpu_preset("H100-SXM"), 16, 4096, kv_dtype="fp16",
+                      layout=model_layout("Llama-3-8B"))
+    assert view.budget == expected and view.budget.kv_cache_bytes == 8 * GIB
+    assert view.max_batch == max_batch_size(model_preset("Llama-3-8B"), gpu_preset("H100-SXM"), 4096,
+                                            kv_dtype="fp16")
+    assert "2 x B 16 x T 4,096 x L 32 x H_kv 8 x d_h 128 x 2 B = 8,589,934,592 B" in view.steps[1]
+    assert view.steps[0].startswith("weights: 8,030,261,248 params x 2 B = 16,060,522,496 B")
+
+
+def test_integer_weights_carry_group_scales_in_the_arithmetic():
+    view = compute("Llama-3.3-70B", "A100-80GB", "int4", batch_size=1, seq_len=4096)
+    n = model_preset("Llama-3.3-70B").n_params
+    assert view.budget.weights_bytes == n // 2 + -(-n // GROUP_SIZE) * 2
+    assert f"ceil({n:,} / 128) scales x 2 B" in view.steps[0]
+
+
+def test_attention_what_if_scales_the_kv_cache_by_the_group():
+    views = {a: compute("Llama-3-8B", "A100-80GB", batch_size=4, seq_len=8192, attention=a) for a in ATTENTION}
+    kv = {a: v.budget.kv_cache_bytes for a, v in views.items()}
+    assert kv["as built"] == kv["GQA"] == kv["MHA"] // 4 == kv["MQA"] * 8
+    assert views["MHA"].budget.weights_bytes > views["as built"].budget.weights_bytes  # bigger k/v projections
+    assert with_attention(model_preset("Pythia-14M"), "GQA").n_kv_heads == 1  # 4 heads grouped by 4
+
+
+def test_tensor_parallel_is_per_gpu_and_impossible_splits_are_reported():
+    one, four = (compute("Llama-3.3-70B", "H100-SXM", batch_size=1, seq_len=8192, tp=tp) for tp in (1, 4))
+    assert not one.budget.fits and four.budget.fits
+    assert four.budget.kv_cache_bytes == kv_cache_bytes(model_preset("Llama-3.3-70B"), 1, 8192) // 4
+    falcon = compute("Falcon-7B", "T4", tp=2)
+    assert falcon.budget is None and "tp must divide n_heads (71)" in falcon.error
+    assert bar_parts_gb(falcon) == (0.0,) * 5 and verdict_text(falcon).startswith("impossible setting")
+    assert compute("Falcon-7B", "T4", attention="GQA").error == "GQA what-if: 71 query heads cannot be grouped by 4"
+
+
+def test_bar_parts_sum_to_the_capacity_when_it_fits():
+    view = compute("SmolLM2-135M", "T4", batch_size=8, seq_len=2048)
+    parts = bar_parts_gb(view)
+    assert sum(parts) == pytest.approx(16.0) and parts[-1] == view.budget.headroom_bytes / GB
+    assert verdict_text(view).startswith("FITS: ")
+
+
+def test_render_moves_the_same_artists():
+    figure = MemoryFigure()
+    bars, line = list(figure.bars), figure.capacity
+    n_artists = len(figure.axes.get_children())
+    small = compute("SmolLM2-135M", "T4", batch_size=1, seq_len=1024)
+    big = compute("Llama-3.3-70B", "H100-SXM", batch_size=16, seq_len=16384)
+    render(figure, small)
+    first = figure.canvas.image.value
+    render(figure, big)
+    assert figure.bars == bars and figure.capacity is line and len(figure.axes.get_children()) == n_artists
+    assert figure.bars[1].get_width() == pytest.approx(big.budget.kv_cache_bytes / GB)
+    assert figure.axes.get_xlim()[1] > 279  # widened to show what does not fit
+    assert figure.canvas.image.value != first and figure.canvas.image.value[:4] == b"\x89PNG"
+    assert "DOES NOT FIT" in steps_html(big) and "&times;" not in steps_html(big)
+
+
+def test_widget_builds_and_answers_every_control():
+    box = memory_explorer()
+    controls, image, text = box.controls, box.figure.canvas.image, box.children[-1]
+    for name, value in [("model", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
+                        ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2)]:
+        before = (image.value, text.value)
+        controls[name].value = value
+        assert (image.value, text.value) != before, name
+    assert "H_kv 1 (of 1, over 2 GPUs)" in text.value  # MQA over 2 GPUs: the single KV head is copied
+    controls["model"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
+    assert "impossible setting" in text.value
