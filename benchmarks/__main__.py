@@ -2,9 +2,9 @@
 
 import sys
 
-from benchmarks import load_and_notebooks, memory_explorer
+from benchmarks import load_and_notebooks, loss, memory_explorer, sampling
 
-SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main}
+SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss": loss.main, "sampling": sampling.main}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,298 @@
+"""Lab 01's sampling explorer: sliders over the embedded model's real next-token distribution.
+
+The model runs once per prompt (:func:`next_token_scores`); a slider move only re-runs :func:`compute` (the
+core's temperature and filters on one ``[vocab]`` row) and :func:`render` (bar lengths updated in place and
+drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling`` prints p50 and p95). The bars show the prompt's top candidates by the model's own ranking: every
+filter keeps a prefix of that ranking, so the same bars stay meaningful at every setting.
+
+``draw_continuations`` turns :func:`labkit.generation.generate` into text for the explorer's button and the
+notebook.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from labkit.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
+
+DEFAULT_PROMPT = "Give me a name for a cat."
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model, once per prompt
+
+
+@dataclass(frozen=True)
+class NextTokenScores:
+    """One prompt's next-token logits and the texts of its top candidates."""
+
+    prompt: str
+    input_ids: torch.Tensor  # [1, seq_len] what the model read (chat template applied or raw text)
+    logits: torch.Tensor  # [vocab] float32
+    top_ids: tuple[int, ...]  # the first n_show token ids of the ranking (highest logit first, ties by lower id)
+    top_texts: tuple[str, ...]  # each decoded on its own
+    top_model_probs: tuple[float, ...]  # their probabilities at T = 1, no filter
+
+
+def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12) -> NextTokenScores:
+    """Run the model once on ``prompt`` (as a one-turn chat, or as raw text to continue) and keep the scores."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
+    if isinstance(n_show, bool) or not isinstance(n_show, int) or n_show < 1:
+        raise ValueError(f"n_show must be a positive integer, got {n_show!r}")
+    input_ids = lm.chat_ids(prompt) if chat else lm.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        logits = lm.model(input_ids).logits[0, -1].float()  # [vocab]: the scores for the next token
+    ranked = torch.sort(logits, descending=True, stable=True).indices[:n_show].tolist()
+    texts = tuple(lm.tokenizer.decode([token_id]) for token_id in ranked)
+    model_probs = tuple(torch.softmax(logits, dim=-1)[ranked].tolist())
+    return NextTokenScores(prompt, input_ids, logits.clone(), tuple(ranked), texts, model_probs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compute: plain values in, plain values out
+
+
+@dataclass(frozen=True)
+class SamplingView:
+    """What the explorer shows for one setting of the sliders."""
+
+    tokens: tuple[str, ...]  # the top candidates' texts
+    model_probs: tuple[float, ...]  # their probabilities at T = 1, no filter
+    sampling_probs: tuple[float, ...]  # the same tokens after temperature, filters and renormalizing
+    n_kept: int  # tokens left possible (of the whole vocabulary)
+    mass_kept: float  # mass of the kept tokens in the distribution the filters saw (>= top_p)
+    entropy_bits: float  # of the sampling distribution
+    vocab: int
+
+
+def compute(scores: NextTokenScores, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+            min_p: float = 0.0, order: str = "temperature_first") -> SamplingView:
+    """The sampling distribution for one setting, summarized for the bars and the numbers beside them."""
+    logits = scores.logits  # [vocab]
+    final_logits = sampling_logits(logits, temperature, top_k, top_p, min_p, order)
+    final_probs = torch.softmax(final_logits, dim=-1)  # [vocab]
+    # The filters saw the tempered distribution (temperature first) or the model's own (filters first).
+    seen_logits = apply_temperature(logits, temperature) if order == "temperature_first" else logits
+    return SamplingView(
+        tokens=scores.top_texts,
+        model_probs=scores.top_model_probs,
+        sampling_probs=tuple(final_probs[list(scores.top_ids)].tolist()),
+        n_kept=int(kept_count(final_logits)),
+        mass_kept=float(kept_mass(seen_logits, final_logits)),
+        entropy_bits=float(entropy_bits(final_probs)),
+        vocab=logits.shape[-1],
+    )
+
+
+def summary_html(view: SamplingView) -> str:
+    """The numbers beside the plot: kept tokens, kept mass, entropy, then each candidate's two probabilities."""
+    numbers = [("tokens kept", f"{view.n_kept:,} of {view.vocab:,}"),
+               ("mass kept", f"{view.mass_kept:.4f} of what the filters saw"),
+               ("entropy", f"{view.entropy_bits:.3f} bits")]
+    head = "".join(f"<tr><td><b>{name}</b></td><td colspan=2>{value}</td></tr>" for name, value in numbers)
+    rows = "".join(
+        f"<tr><td>{html.escape(repr(token))}</td><td>{model:.4f}</td><td>{'removed' if final == 0 else f'{final:.4f}'}"
+        f"</td></tr>" for token, model, final in zip(view.tokens, view.model_probs, view.sampling_probs))
+    return (f"<table style='font-family:monospace;font-size:12px'>{head}"
+            f"<tr><th>token</th><th>model</th><th>sampling</th></tr>{rows}</table>")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# render: artists made once, updated in place
+
+
+class SamplingPlot:
+    """Horizontal bars, model (grey) versus sampling distribution (blue), for the top candidates.
+
+    Blitting keeps a slider move cheap: the axes, token labels and legend are drawn once into a background
+    (again only when the prompt or the x range changes); an update restores it, draws the bars on top and encodes
+    the pixels. The x range snaps to a few fixed limits, so it rarely changes.
+    """
+
+    X_LIMITS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
+
+    def __init__(self, n_show: int, width_in: float = 6.4, height_in: float = 3.6, dpi: int = 80):
+        from labkit.explorers.canvas import FigureCanvas
+
+        self.canvas = FigureCanvas(width_in, height_in, dpi)
+        self.axes = self.canvas.figure.add_subplot()
+        rows = range(n_show)
+        self.model_bars = self.axes.barh(rows, [0.0] * n_show, height=0.8, color="#c8c8c8", label="model, T = 1")
+        self.sampling_bars = self.axes.barh(rows, [0.0] * n_show, height=0.45, color="#1f6feb",
+                                            label="sampling distribution")
+        self.axes.invert_yaxis()  # the most likely token at the top
+        self.axes.set_xlabel("probability")
+        self.axes.grid(axis="x", color="#eeeeee")
+        self.axes.set_axisbelow(True)
+        self.axes.legend(loc="lower right", fontsize=8)
+        self.bars = [*self.model_bars, *self.sampling_bars]
+        for bar in self.bars:
+            bar.set_animated(True)  # left out of the background, drawn by hand on every update
+        self.x_limit = self.X_LIMITS[-1]
+        self._background = None
+
+    def set_tokens(self, texts: tuple[str, ...]) -> None:
+        """Token texts on the y axis (they change only with the prompt)."""
+        self.axes.set_yticks(range(len(texts)), [repr(text) for text in texts], fontsize=8)
+        self._background = None
+
+    def set_x_limit(self, largest: float) -> None:
+        limit = next((x for x in self.X_LIMITS if largest <= x), self.X_LIMITS[-1])
+        if limit != self.x_limit:
+            self.x_limit = limit
+            self._background = None
+
+    def redraw(self) -> None:
+        """Draw the bars over the background into the image (the background is redrawn when stale)."""
+        figure = self.canvas.figure
+        agg = figure.canvas  # the Agg canvas FigureCanvas attached to the figure
+        if self._background is None:
+            self.axes.set_xlim(0, self.x_limit)
+            agg.draw()  # layout and everything but the animated bars
+            self._background = agg.copy_from_bbox(figure.bbox)
+        agg.restore_region(self._background)
+        for bar in self.bars:
+            self.axes.draw_artist(bar)
+        self.canvas.image.value = _png(agg)
+
+
+def _png(agg: Any) -> bytes:
+    """The Agg canvas's current pixels as PNG (without redrawing the figure, unlike ``print_png``)."""
+    from PIL import Image
+
+    width, height = agg.get_width_height()
+    buffer = io.BytesIO()
+    Image.frombuffer("RGBA", (width, height), agg.buffer_rgba(), "raw", "RGBA", 0, 1).save(
+        buffer, format="png", compress_level=1)
+    return buffer.getvalue()
+
+
+def render(plot: SamplingPlot, view: SamplingView) -> None:
+    """Update the bar lengths (and the x range when needed), then re-encode the image."""
+    for bar, value in zip(plot.model_bars, view.model_probs):
+        bar.set_width(value)
+    for bar, value in zip(plot.sampling_bars, view.sampling_probs):
+        bar.set_width(value)
+    plot.set_x_limit(max(max(view.model_probs), max(view.sampling_probs)))
+    plot.redraw()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Continuations: a seeded token-by-token loop
+
+
+def draw_continuations(lm: Any, input_ids: torch.Tensor, n: int = 4, max_new_tokens: int = 20, seed: int = 0,
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                       order: str = "temperature_first") -> list[str]:
+    """``n`` continuations of ``input_ids`` (``[1, seq_len]``), drawn as one batch with a seeded generator.
+
+    A thin text wrapper over :func:`labkit.generation.generate` (KV cache, ``sampling_probs`` then ``sample``
+    at every step; rows stop at the end-of-sequence token). Repeatable for a seed on this machine and these
+    library versions.
+    """
+    from labkit.generation import generate
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must have shape [1, seq_len], got {tuple(input_ids.shape)}")
+    result = generate(lm, input_ids.repeat(n, 1), max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, min_p=min_p, order=order, seed=seed, eos_token_id=lm.tokenizer.eos_token_id)
+    return [lm.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The widget
+
+
+class SamplingExplorer:
+    """The explorer: a prompt box, sliders, the bar plot, the numbers and a continuations button.
+
+    Display it by leaving it as the last expression of a cell. ``update()`` is what a slider move runs.
+    """
+
+    def __init__(self, lm: Any, prompt: str = DEFAULT_PROMPT, n_show: int = 12, chat: bool = True):
+        import ipywidgets as widgets
+
+        self.lm, self.n_show = lm, n_show
+        style = {"description_width": "110px"}
+        layout = widgets.Layout(width="420px")
+        self.prompt = widgets.Text(value=prompt, description="prompt", style=style, layout=widgets.Layout(width="520px"))
+        self.mode = widgets.ToggleButtons(options=["chat", "raw text"], value="chat" if chat else "raw text",
+                                          style={"button_width": "80px"})
+        self.run = widgets.Button(description="run the model", button_style="primary")
+        self.temperature = widgets.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
+                                               style=style, layout=layout, readout_format=".2f")
+        self.top_k = widgets.IntSlider(value=0, min=0, max=100, description="top-k (0 = off)", style=style,
+                                       layout=layout)
+        self.top_p = widgets.FloatSlider(value=1.0, min=0.01, max=1.0, step=0.01, description="top-p (1 = off)",
+                                         style=style, layout=layout)
+        self.min_p = widgets.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p (0 = off)",
+                                         style=style, layout=layout)
+        self.order = widgets.ToggleButtons(options=[("temperature, then filters", "temperature_first"),
+                                                    ("filters, then temperature", "filters_first")],
+                                           value="temperature_first", style={"button_width": "190px"})
+        self.numbers = widgets.HTML()
+        self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
+                                           layout=widgets.Layout(width="160px"))
+        self.draw = widgets.Button(description="draw 4 continuations")
+        self.continuations = widgets.HTML()
+        self.plot = SamplingPlot(n_show)
+
+        for slider in (self.temperature, self.top_k, self.top_p, self.min_p, self.order):
+            slider.observe(lambda change: self.update(), names="value")
+        self.run.on_click(lambda button: self.set_prompt())
+        self.draw.on_click(lambda button: self.show_continuations())
+        self.widget = widgets.VBox([
+            widgets.HBox([self.prompt, self.mode, self.run]),
+            widgets.HBox([widgets.VBox([self.temperature, self.top_k, self.top_p, self.min_p, self.order,
+                                        self.numbers]), self.plot.canvas.image]),
+            widgets.HBox([self.draw, self.seed]),
+            self.continuations,
+        ])
+        self.set_prompt()
+
+    def settings(self) -> dict[str, Any]:
+        return {"temperature": self.temperature.value, "top_k": self.top_k.value, "top_p": self.top_p.value,
+                "min_p": self.min_p.value, "order": self.order.value}
+
+    def set_prompt(self) -> None:
+        """Run the model on the prompt box's text (the only forward pass outside the button) and redraw."""
+        self.scores = next_token_scores(self.lm, self.prompt.value, chat=self.mode.value == "chat",
+                                        n_show=self.n_show)
+        self.plot.set_tokens(self.scores.top_texts)
+        self.continuations.value = ""
+        self.update()
+
+    def update(self) -> None:
+        view = compute(self.scores, **self.settings())
+        render(self.plot, view)
+        self.numbers.value = summary_html(view)
+
+    def show_continuations(self) -> None:
+        self.continuations.value = "<i>drawing...</i>"
+        texts = draw_continuations(self.lm, self.scores.input_ids, n=4, max_new_tokens=24, seed=self.seed.value,
+                                   **self.settings())
+        items = "".join(f"<li><code>{html.escape(text)}</code></li>" for text in texts)
+        self.continuations.value = f"<ol>{items}</ol>"
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def sampling_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, n_show: int = 12,
+                      chat: bool = True) -> SamplingExplorer:
+    """The lab 01 explorer over ``lm`` (default: the embedded model)."""
+    if lm is None:
+        from labkit.models import load_model
+
+        lm = load_model()
+    return SamplingExplorer(lm, prompt, n_show, chat)

@@ -1,0 +1,165 @@
+"""Token-by-token generation from labkit's sampling functions and the model's KV cache.
+
+The loop, in reading order: :func:`prefill` runs the prompt once and returns the last position's logits and
+the cache; :func:`decode_one_token` feeds one new token per sequence against that cache; :func:`next_tokens`
+turns logits into token ids with ``labkit.sampling`` (temperature 0 is greedy: the first argmax). With the
+cache, each step costs one token's forward pass instead of the whole prefix's.
+
+Greedy output equals transformers' ``generate(do_sample=False)`` token for token (a test checks it). A seed
+fixes the random stream of sampling, so the same seed gives the same ids on the same machine and library
+versions; :func:`first_divergence` finds where two generations part.
+
+Left out: padding and attention masks (every prompt in a batch has the same length), beam search,
+repetition penalties, stop strings. Used by lab 02 (and by labs 05 and 06 for timing and speculation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from labkit import sampling
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The prompt and what was generated after it."""
+
+    token_ids: torch.Tensor  # [batch, prompt_len + n_new]
+    prompt_len: int
+    finished: torch.Tensor  # [batch] bool: the sequence produced eos_token_id
+    step_logits: torch.Tensor | None = None  # [batch, n_new, vocab] when asked for (keep_logits=True)
+
+    @property
+    def new_token_ids(self) -> torch.Tensor:
+        """The generated tokens only: ``[batch, n_new]``."""
+        return self.token_ids[:, self.prompt_len :]
+
+
+def _module(model: Any) -> torch.nn.Module:
+    """The torch module of a LoadedModel, or the model itself (a transformers model also has ``.model``)."""
+    return model if isinstance(model, torch.nn.Module) else model.model
+
+
+def _cache_keyword(module: torch.nn.Module) -> str:
+    # transformers 5 renamed `past_key_values` to `cache`; older versions (Colab may have one) use the old name.
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def _output_cache(output: Any) -> Any:
+    fields = getattr(output, "__dataclass_fields__", {})
+    return output["cache"] if "cache" in fields else output["past_key_values"]
+
+
+def prefill(model: Any, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """Run the prompt once: (logits of its last position ``[batch, vocab]``, the filled KV cache)."""
+    module = _module(model)
+    # Only the last position's logits are needed: skip the vocabulary projection of the others when we can.
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(module.forward).parameters else {}
+    output = module(input_ids, use_cache=True, **last_only)  # input_ids: [batch, prompt_len]
+    return output.logits[:, -1, :].float(), _output_cache(output)
+
+
+def decode_one_token(model: Any, token_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    """Feed one token per sequence (``[batch, 1]``) after the cached prefix: (next logits, updated cache)."""
+    module = _module(model)
+    output = module(token_ids, use_cache=True, **{_cache_keyword(module): cache})
+    return output.logits[:, -1, :].float(), _output_cache(output)
+
+
+def full_logits(model: Any, token_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of every position without a cache, ``[batch, seq_len, vocab]`` (the reference for the cache)."""
+    return _module(model)(token_ids, use_cache=False).logits.float()
+
+
+def next_tokens(logits: torch.Tensor, settings: dict, generator: torch.Generator | None) -> torch.Tensor:
+    """Token ids ``[batch]`` from logits ``[batch, vocab]``: the first argmax at T = 0, else a sample."""
+    if settings["temperature"] == 0:
+        return logits.argmax(dim=-1)  # greedy needs no filter and no random draw
+    return sampling.sample(sampling.sampling_probs(logits, **settings), generator=generator)
+
+
+def _check_arguments(input_ids: Any, max_new_tokens: Any, temperature: Any, seed: Any) -> None:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be a tensor [batch, prompt_len] with prompt_len >= 1, got "
+                         f"{tuple(getattr(input_ids, 'shape', ())) or type(input_ids).__name__}")
+    if input_ids.is_floating_point():
+        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
+            temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
+
+
+def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, order: str = "temperature_first",
+             seed: int | None = None, eos_token_id: int | None = None, use_cache: bool = True,
+             keep_logits: bool = False) -> Generation:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (``[batch, prompt_len]``).
+
+    ``temperature=0`` (the default) is greedy. Sampling draws from ``labkit.sampling.sampling_probs`` with the
+    given filters; ``seed`` makes the draws reproducible (``None`` uses torch's global generator). Once a
+    sequence produces ``eos_token_id`` it is padded with it; generation stops when every sequence has.
+    ``use_cache=False`` recomputes the whole prefix at every step (slow; the reference the cache must match).
+    ``keep_logits`` keeps each step's logits (``[batch, n_new, vocab]`` floats: mind the memory).
+    """
+    _check_arguments(input_ids, max_new_tokens, temperature, seed)
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, order=order)
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    batch_size, prompt_len = input_ids.shape
+    token_ids = input_ids
+    finished = torch.zeros(batch_size, dtype=torch.bool)
+    kept: list[torch.Tensor] = []
+    cache = None
+    with torch.inference_mode():
+        for step in range(max_new_tokens):
+            if not use_cache:
+                logits = full_logits(model, token_ids)[:, -1, :]
+            elif step == 0:
+                logits, cache = prefill(model, token_ids)
+            else:
+                logits, cache = decode_one_token(model, token_ids[:, -1:], cache)
+            if keep_logits:
+                kept.append(logits)
+            chosen = next_tokens(logits, settings, generator)  # [batch]
+            if eos_token_id is not None:
+                chosen = torch.where(finished, torch.full_like(chosen, eos_token_id), chosen)
+                finished = finished | (chosen == eos_token_id)
+            token_ids = torch.cat([token_ids, chosen.unsqueeze(1)], dim=1)
+            if bool(finished.all()):
+                break
+    step_logits = torch.stack(kept, dim=1) if keep_logits and kept else None
+    return Generation(token_ids, prompt_len, finished, step_logits)
+
+
+def _as_list(tokens: Any, name: str) -> list[int]:
+    if isinstance(tokens, torch.Tensor):
+        if tokens.ndim != 1:
+            raise ValueError(f"{name} must be one sequence of token ids (1-D), got shape {tuple(tokens.shape)}")
+        return tokens.tolist()
+    return list(tokens)
+
+
+def first_divergence(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.Tensor) -> int | None:
+    """The first position where two token sequences differ, or None when they are identical.
+
+    When one is a prefix of the other, they diverge where the shorter one ends.
+
+    >>> first_divergence([5, 6, 7, 8], [5, 6, 9, 8])
+    2
+    >>> first_divergence([5, 6], [5, 6, 7]), first_divergence([5, 6], [5, 6])
+    (2, None)
+    """
+    left, right = _as_list(a, "a"), _as_list(b, "b")
+    for position, (x, y) in enumerate(zip(left, right)):
+        if x != y:
+            return position
+    return None if len(left) == len(right) else min(len(left), len(right))

@@ -1,0 +1,282 @@
+"""How well a model predicted a text: surprisal, cross-entropy and perplexity, and scoring a long text in windows.
+
+Alignment rule, written down once: ``logits[..., t, :]`` are the scores for ``targets[..., t]``. A causal model's
+output at position ``t`` predicts the token at ``t + 1``, so for a model's own output use
+:func:`align_next_token` first; the first token of a text is never scored (nothing predicts it).
+
+Units: natural logarithms give *nats*, base-2 logarithms give *bits* (1 nat = 1 / ln 2 = 1.4427 bits). The
+perplexity is the same number either way: ``e ** nats == 2 ** bits``.
+
+Long texts are scored in windows of at most ``window`` tokens per forward pass (see :func:`score_windows`).
+Left out: padding, masks and ``ignore_index`` (one unpadded sequence is what the lab needs).
+
+Used by lab 02; lab 03 reuses the perplexity of a text to measure what quantization costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from labkit.sampling import sampling_logits
+
+UNITS = ("nats", "bits")
+
+
+def _check_unit(unit: str) -> None:
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+
+
+def _check_pair(logits: torch.Tensor, targets: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError(f"logits must be a floating-point torch.Tensor, got {type(logits).__name__}")
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
+        raise TypeError(f"targets must be an integer torch.Tensor of token ids, got {getattr(targets, 'dtype', type(targets))}")
+    if logits.ndim < 2 or logits.shape[:-1] != targets.shape:
+        raise ValueError(f"logits [..., seq_len, vocab] and targets [..., seq_len] must agree, got logits "
+                         f"{tuple(logits.shape)} and targets {tuple(targets.shape)}")
+    if targets.numel() == 0:
+        raise ValueError("targets is empty: a mean over zero positions is undefined")
+    if bool((targets < 0).any()) or bool((targets >= logits.shape[-1]).any()):
+        raise ValueError(f"targets must be token ids in [0, {logits.shape[-1]}), got values from "
+                         f"{int(targets.min())} to {int(targets.max())}")
+
+
+def _in_unit(nats: torch.Tensor, unit: str) -> torch.Tensor:
+    return nats / math.log(2) if unit == "bits" else nats
+
+
+def align_next_token(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair a causal model's output with what it predicts: ``logits[..., :-1, :]`` scores ``input_ids[..., 1:]``.
+
+    >>> logits, targets = align_next_token(torch.zeros(1, 4, 10), torch.tensor([[5, 6, 7, 8]]))
+    >>> tuple(logits.shape), targets.tolist()
+    ((1, 3, 10), [[6, 7, 8]])
+    """
+    if logits.shape[:-1] != input_ids.shape:
+        raise ValueError(f"logits [..., seq_len, vocab] and input_ids [..., seq_len] must agree, got logits "
+                         f"{tuple(logits.shape)} and input_ids {tuple(input_ids.shape)}")
+    return logits[..., :-1, :], input_ids[..., 1:]
+
+
+def token_surprisal(logits: torch.Tensor, targets: torch.Tensor, unit: str = "nats") -> torch.Tensor:
+    """``-log p(target)`` at every position: how surprised the model was by each token.
+
+    logits: ``[..., seq_len, vocab]``; targets: ``[..., seq_len]``; returns ``[..., seq_len]``.
+    Two equal logits give each token probability 1/2, so a surprisal of exactly 1 bit:
+
+    >>> token_surprisal(torch.zeros(1, 2), torch.tensor([1]), unit="bits")
+    tensor([1.])
+    """
+    _check_pair(logits, targets)
+    _check_unit(unit)
+    # log_softmax subtracts the row maximum before exponentiating: large logits do not overflow.
+    log_probs = torch.log_softmax(logits, dim=-1)
+    nats = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return _in_unit(nats, unit)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, unit: str = "nats") -> torch.Tensor:
+    """Mean negative log-likelihood of the targets over every position (a 0-dim tensor), like torch's own.
+
+    Four equal logits: every token has probability 1/4, a loss of ln 4 = 1.386 nats, or 2 bits.
+
+    >>> cross_entropy(torch.zeros(3, 4), torch.tensor([0, 1, 2]))  # ln 4
+    tensor(1.3863)
+    >>> cross_entropy(torch.zeros(3, 4), torch.tensor([0, 1, 2]), unit="bits")
+    tensor(2.)
+    """
+    return token_surprisal(logits, targets, unit).mean()
+
+
+def perplexity_from_nll(mean_nll: float | torch.Tensor, unit: str = "nats") -> float | torch.Tensor:
+    """Perplexity from a mean negative log-likelihood: ``e ** nll`` for nats, ``2 ** nll`` for bits.
+
+    >>> perplexity_from_nll(2.0, unit="bits")
+    4.0
+    >>> round(perplexity_from_nll(math.log(4)), 12)
+    4.0
+    """
+    _check_unit(unit)
+    base = 2.0 if unit == "bits" else math.e
+    if isinstance(mean_nll, torch.Tensor):
+        return torch.pow(base, mean_nll)
+    return base ** float(mean_nll) if unit == "bits" else math.exp(mean_nll)
+
+
+def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``exp(cross_entropy)``: the geometric mean of ``1 / p(target)``, the model's effective branching factor.
+
+    A uniform guess among 4 tokens has perplexity 4, whatever the targets:
+
+    >>> perplexity(torch.zeros(3, 4), torch.tensor([0, 1, 2]))
+    tensor(4.)
+    """
+    return cross_entropy(logits, targets).exp()
+
+
+def truncated_log_probs(logits: torch.Tensor, targets: torch.Tensor, **settings: Any) -> torch.Tensor:
+    """Log-probability of each target under a sampling distribution (``labkit.sampling.sampling_logits``).
+
+    ``settings`` are the keyword arguments of ``labkit.sampling.sampling_probs`` (temperature, top_k, top_p,
+    min_p, order). A target that top-k, top-p or min-p cuts gets probability exactly 0, so log-probability
+    ``-inf``: the truncated model calls the reference text impossible, and its cross-entropy on it is infinite.
+
+    logits: ``[n, vocab]``; targets: ``[n]``; returns ``[n]``.
+
+    >>> truncated_log_probs(torch.tensor([[2.0, 1.0, 0.0]]), torch.tensor([2]), top_k=2)
+    tensor([-inf])
+    >>> truncated_log_probs(torch.tensor([[2.0, 2.0, 0.0]]), torch.tensor([1]), top_k=2)  # log 1/2
+    tensor([-0.6931])
+    """
+    _check_pair(logits, targets)
+    if logits.ndim != 2:
+        raise ValueError(f"logits must have shape [n, vocab], got {tuple(logits.shape)}")
+    # Removed tokens sit at -inf, so log_softmax gives them exactly -inf and renormalizes over the kept ones.
+    log_probs = torch.log_softmax(sampling_logits(logits, **settings), dim=-1)
+    return log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A long text, scored in windows
+
+
+@dataclass(frozen=True)
+class Window:
+    """One forward pass of a long text: the model reads ``token_ids[input_start:input_end]`` and its outputs
+    score the targets ``token_ids[targets_start:input_end + 1]`` (the last output predicts ``input_end``)."""
+
+    input_start: int
+    input_end: int  # exclusive; input_end - input_start <= window
+    targets_start: int  # first target scored by this pass; the last one is input_end
+
+    @property
+    def context(self) -> int:
+        """How many tokens the first target of this pass is predicted from."""
+        return self.targets_start - self.input_start
+
+
+def score_windows(n_tokens: int, window: int = 512, stride: int | None = None) -> list[Window]:
+    """The forward passes that score every token from position 1 to ``n_tokens - 1`` exactly once.
+
+    Rule: the targets are cut into consecutive blocks of ``stride`` tokens (default ``stride = window``); each
+    block is scored by one pass that reads at most ``window`` tokens, ending just before the block's last
+    target. So a target is predicted from at least ``min(position, window - stride + 1)`` tokens. With
+    ``stride == window`` the passes do not overlap (each token is read once, the cheapest rule) but the first
+    target of every block sees a single token of context; a smaller stride re-reads ``window - stride``
+    tokens per pass to give every target a longer context, at ``window / stride`` times the cost.
+
+    The last block may be shorter; its pass still reads up to ``window`` tokens (more context, same cost).
+
+    >>> [(w.input_start, w.input_end, w.targets_start) for w in score_windows(10, window=4)]
+    [(0, 4, 1), (4, 8, 5), (5, 9, 9)]
+    >>> [(w.input_start, w.input_end, w.targets_start) for w in score_windows(8, window=4, stride=2)]
+    [(0, 2, 1), (0, 4, 3), (2, 6, 5), (3, 7, 7)]
+    """
+    stride = window if stride is None else stride
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1 (tokens per forward pass), got {window!r}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
+        raise ValueError(f"stride must be an int in [1, window={window}], got {stride!r}")
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 2:
+        raise ValueError(f"n_tokens must be an int >= 2 (a context token and a target), got {n_tokens!r}")
+    windows = []
+    for targets_start in range(1, n_tokens, stride):
+        input_end = min(targets_start + stride, n_tokens) - 1  # the block's last target is input_end
+        windows.append(Window(max(0, input_end - window), input_end, targets_start))
+    return windows
+
+
+@dataclass(frozen=True)
+class TextScore:
+    """Per-token results of scoring a text; every array is aligned with ``token_ids`` (position 0 is unscored:
+    NaN surprisal, rank -1)."""
+
+    token_ids: torch.Tensor  # [n_tokens]
+    surprisal_nats: torch.Tensor  # [n_tokens] -log p(token | tokens before it) at temperature 1
+    entropy_nats: torch.Tensor  # [n_tokens] entropy of the distribution that predicted the token
+    rank: torch.Tensor  # [n_tokens] tokens the model ranked strictly above it (0 = its top choice)
+    surprisal_at: dict[float, torch.Tensor] = field(default_factory=dict)  # temperature -> [n_tokens] nats
+    truncated_log_probs: dict[str, torch.Tensor] = field(default_factory=dict)  # setting name -> [n_tokens]
+    window: int = 0
+    stride: int = 0
+
+    def mean_nll(self, start: int = 1, end: int | None = None, temperature: float | None = None) -> float:
+        """Mean surprisal in nats of the scored tokens in ``[start, end)`` (at a precomputed temperature)."""
+        values = self.surprisal_nats if temperature is None else self.surprisal_at[temperature]
+        chosen = values[max(start, 1) : end]
+        if chosen.numel() == 0:
+            raise ValueError(f"no scored token in [{start}, {end}); token 0 is never scored")
+        return float(chosen.double().mean())
+
+    def perplexity(self, start: int = 1, end: int | None = None, temperature: float | None = None) -> float:
+        """``exp`` of :meth:`mean_nll`."""
+        return math.exp(self.mean_nll(start, end, temperature))
+
+    @property
+    def n_scored(self) -> int:
+        return int(self.token_ids.numel()) - 1
+
+
+def _unwrap(model: Any) -> Any:
+    """The torch module of a LoadedModel, or the model itself (a transformers model also has ``.model``)."""
+    return model if isinstance(model, torch.nn.Module) else model.model
+
+
+def _pass_logits(model: torch.nn.Module, token_ids: torch.Tensor, piece: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [n_targets, vocab], targets [n_targets]) of one window, in float32."""
+    inputs = token_ids[piece.input_start : piece.input_end].unsqueeze(0)  # [1, seq_len]
+    logits = model(inputs, use_cache=False).logits[0].float()  # [seq_len, vocab]
+    first = piece.targets_start - 1 - piece.input_start  # the output that predicts targets_start
+    return logits[first:], token_ids[piece.targets_start : piece.input_end + 1]
+
+
+def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
+               temperatures: tuple[float, ...] = (), truncations: dict[str, dict] | None = None,
+               progress: bool = True) -> TextScore:
+    """Score every token of a text (from position 1) with a causal LM, in windows (:func:`score_windows`).
+
+    One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
+    target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
+    setting in ``truncations`` (keyword arguments of ``labkit.sampling.sampling_probs``; ``-inf`` where cut).
+
+    token_ids: ``[n_tokens]``. ``model``: a LoadedModel or a transformers causal LM.
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(token_ids, torch.Tensor) or token_ids.ndim != 1:
+        raise ValueError(f"token_ids must be a 1-D tensor [n_tokens], got {getattr(token_ids, 'shape', token_ids)!r}")
+    for temperature in temperatures:
+        if not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperatures must be numbers > 0, got {temperature!r}")
+    truncations = dict(truncations or {})
+    module = _unwrap(model)
+    n_tokens = int(token_ids.numel())
+
+    def unscored(dtype=torch.float32, value=math.nan):
+        return torch.full((n_tokens,), value, dtype=dtype)
+
+    surprisal, entropies, ranks = unscored(), unscored(), unscored(torch.long, -1)
+    at_temperature = {t: unscored() for t in temperatures}
+    truncated = {name: unscored() for name in truncations}
+    passes = score_windows(n_tokens, window, stride)
+    with torch.inference_mode():
+        for piece in tqdm(passes, desc="scoring windows", unit="window", disable=not progress):
+            logits, targets = _pass_logits(module, token_ids, piece)
+            span = slice(piece.targets_start, piece.input_end + 1)
+            log_probs = torch.log_softmax(logits, dim=-1)  # [n, vocab]
+            surprisal[span] = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            # Entropy -sum p log p in float32 (no softmax underflows to a NaN term: log_probs stay finite).
+            entropies[span] = -(log_probs.exp() * log_probs).sum(dim=-1)
+            target_logits = logits.gather(-1, targets.unsqueeze(-1))  # [n, 1]
+            ranks[span] = (logits > target_logits).sum(dim=-1)
+            for temperature in temperatures:
+                at_temperature[temperature][span] = token_surprisal(logits / temperature, targets)
+            for name, settings in truncations.items():
+                truncated[name][span] = truncated_log_probs(logits, targets, **settings)
+    return TextScore(token_ids, surprisal, entropies, ranks, at_temperature, truncated, window,
+                     window if stride is None else stride)
