@@ -8,20 +8,13 @@ import labkit.sampling as labkit_sampling
 from labkit.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab01 import PREDICT_PROMPT, kept_tokens_on_the_model
+from zoo import assert_zoo
 
 INF = math.inf
 TEMPERATURE = get("01.apply_temperature")
 TOP_K = get("01.top_k_filter")
 NUCLEUS = get("01.nucleus_probs")
 PREDICT = get("01.predict_kept_tokens")
-
-
-def assert_zoo(exercise, solution, zoo):
-    assert check_function(exercise, solution).status == "passed", check_function(exercise, solution, seed=0)
-    for wrong, pointer in zoo.items():
-        verdict = check_function(exercise, wrong, seed=0)
-        assert verdict.status == "failed", wrong.__name__
-        assert pointer in str(verdict), f"{wrong.__name__}: {verdict}"
 
 
 # ----- 01.apply_temperature -----

@@ -8,6 +8,7 @@ from labkit.exercises import exercises, get
 from labkit.exercises.lab04 import EIGHT_B_LIKE, reference_kv_cache_gib, reference_largest_batch
 from labkit.memory import GB, GIB, kv_cache_bytes as labkit_kv_cache_bytes
 from labkit.presets import model_preset
+from zoo import assert_zoo
 
 KV = get("04.kv_cache_gib")
 BATCH = get("04.largest_batch")
@@ -77,9 +78,7 @@ def test_kv_solution_passes():
 
 @pytest.mark.parametrize("wrong,pointer", KV_ZOO.items(), ids=[f.__name__ for f in KV_ZOO])
 def test_every_kv_bug_fails_with_a_pointed_hint(wrong, pointer):
-    verdict = check_function(KV, wrong, seed=0)
-    assert verdict.status == "failed", wrong.__name__
-    assert pointer in str(verdict), f"{wrong.__name__}: {verdict}"
+    assert_zoo(KV, kv_solution, {wrong: pointer})
 
 
 def test_kv_reference_gives_the_chapter_figures():
@@ -141,9 +140,7 @@ def test_batch_solution_passes():
 
 @pytest.mark.parametrize("wrong,pointer", BATCH_ZOO.items(), ids=[f.__name__ for f in BATCH_ZOO])
 def test_every_batch_bug_fails_with_a_pointed_hint(wrong, pointer):
-    verdict = check_function(BATCH, wrong, seed=0)
-    assert verdict.status == "failed", wrong.__name__
-    assert pointer in str(verdict), f"{wrong.__name__}: {verdict}"
+    assert_zoo(BATCH, batch_solution, {wrong: pointer})
 
 
 def test_batch_reference_on_hand_figures():
