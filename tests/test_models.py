@@ -201,21 +201,17 @@ def test_hub_model_loads_from_the_local_hub_cache_at_the_pinned_revision(tmp_pat
      ({"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}, "127.0.0.1:9 is unreachable")],
 )
 def test_hub_model_offline_fails_fast_with_what_to_do(tmp_path, env, reason):
+    # _run's subprocess timeout turns a hang (a download client retrying for minutes) into a failure.
     result = _run(
         """
-        import time
         from labkit.models import load_model, ModelUnavailableError
-        started = time.perf_counter()
         try:
             load_model("pythia-14m")
         except ModelUnavailableError as error:
-            print(f"{time.perf_counter() - started:.1f}")
             print(error)
         """,
         {"HF_HUB_CACHE": str(tmp_path / "empty-hub"), **env},
     )
     assert result.returncode == 0, result.stderr
-    seconds, message = result.stdout.split("\n", 1)
+    message = result.stdout
     assert reason in message and 'load_model("smollm2-135m")' in message
-    # Not a speed test: a generous bound that only a retry loop (minutes) would break.
-    assert float(seconds) < 60
