@@ -12,7 +12,6 @@ notebook.
 from __future__ import annotations
 
 import html
-import io
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +150,7 @@ class SamplingPlot:
     def redraw(self) -> None:
         """Draw the bars over the background into the image (the background is redrawn when stale)."""
         figure = self.canvas.figure
-        agg = figure.canvas  # the Agg canvas FigureCanvas attached to the figure
+        agg = self.canvas.agg
         if self._background is None:
             self.axes.set_xlim(0, self.x_limit)
             agg.draw()  # layout and everything but the animated bars
@@ -159,18 +158,7 @@ class SamplingPlot:
         agg.restore_region(self._background)
         for bar in self.bars:
             self.axes.draw_artist(bar)
-        self.canvas.image.value = _png(agg)
-
-
-def _png(agg: Any) -> bytes:
-    """The Agg canvas's current pixels as PNG (without redrawing the figure, unlike ``print_png``)."""
-    from PIL import Image
-
-    width, height = agg.get_width_height()
-    buffer = io.BytesIO()
-    Image.frombuffer("RGBA", (width, height), agg.buffer_rgba(), "raw", "RGBA", 0, 1).save(
-        buffer, format="png", compress_level=1)
-    return buffer.getvalue()
+        self.canvas.image.value = self.canvas.png_as_drawn()
 
 
 def render(plot: SamplingPlot, view: SamplingView) -> None:
