@@ -1,0 +1,431 @@
+"""The only code that runs a model: forward passes, KV caches, draft verification, activation capture, copies.
+
+In reading order: :func:`forward` is one pass (logits in float32 and the updated cache); :func:`prefill` and
+:func:`decode_one_token` are the two passes of a generation loop, and :class:`StepInfo` is what such a loop
+reports after each step; :func:`verify` scores k draft tokens in one pass (speculative decoding); the cache
+helpers measure (:func:`cache_length`, :func:`cache_bytes`), cut back (:func:`crop`) and copy
+(:func:`copy_cache`) a cache; :func:`capture` records chosen modules' inputs or outputs; :func:`model_copy`
+gives a private model to quantize or prune while the shared one stays as loaded.
+
+Every function takes a ``LoadedModel`` or a bare torch module. Token ids are ``[batch, seq_len]`` and go to the
+model's device; results stay there (nothing here assumes CPU). Passes run under ``torch.inference_mode()``, so
+the logits and cache tensors returned are inference tensors: read them, or ``.clone()`` before editing in place.
+
+transformers versions (source read: 4.46.3, 4.57.6, 5.24.0). 5.x names the cache ``cache`` as argument and as
+output field; 4.x names it ``past_key_values``. 4.46 hands back a legacy tuple of (key, value) pairs unless it
+was given a ``Cache``, so :func:`forward` always gives it one. ``DynamicCache.crop(n)`` with ``n < 0`` removes
+``-n`` tokens in every version (5.x accepts nothing else). The last-position shortcut is ``logits_to_keep``
+(``num_logits_to_keep`` in 4.46).
+
+Left out: padding and attention masks (every row of a batch has the same length), static and quantized caches,
+one model spread over several devices. Used by every lab that runs the model (00, 01, 02, 03, 05, 06).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import inspect
+import re
+import sys
+from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
+
+import torch
+
+POSITIONS = ("last", "all")
+WHAT = ("input", "output")
+
+
+class Forward(NamedTuple):
+    """What one forward pass returns; unpacks as ``logits, cache = forward(...)``."""
+
+    logits: torch.Tensor  # float32, [batch, vocab] for positions="last", [batch, seq_len, vocab] for "all"
+    cache: Any  # the updated transformers Cache (the one passed in, grown in place); None without a cache
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model and its device
+
+
+def module_of(lm: Any) -> torch.nn.Module:
+    """The torch module of a LoadedModel, or the module itself."""
+    module = lm if isinstance(lm, torch.nn.Module) else getattr(lm, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"lm must be a LoadedModel or a torch.nn.Module, got {type(lm).__name__}")
+    return module
+
+
+def model_device(lm: Any) -> torch.device:
+    """Where the model's weights are (the device its passes run on).
+
+    >>> model_device(torch.nn.Linear(2, 2))
+    device(type='cpu')
+    """
+    module = module_of(lm)
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return torch.device("cpu")  # a module without tensors computes wherever its inputs are
+
+
+def _as_device(device: Any) -> torch.device:
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device or a name such as 'cpu' or 'cuda', got {device!r}") from None
+
+
+def _check_device(module: torch.nn.Module, device: Any) -> torch.device:
+    """The model's device; a ``device`` named by the caller must be that one (models are moved explicitly)."""
+    home = model_device(module)
+    if device is None:
+        return home
+    wanted = _as_device(device)
+    if wanted.type != home.type or (wanted.index is not None and wanted.index != (home.index or 0)):
+        raise ValueError(f"device is {str(wanted)!r} but the model's weights are on {str(home)!r}; move the model "
+                         f"once with to_device(lm, {str(wanted)!r}) or take model_copy(lm, device={str(wanted)!r})")
+    return home
+
+
+def to_device(lm: Any, device: Any) -> Any:
+    """Move the model's weights to ``device`` in place (every later pass runs there); returns ``lm``."""
+    module_of(lm).to(_as_device(device))
+    return lm
+
+
+def synchronize(device: Any) -> None:
+    """Wait until the device has finished its queued work: a GPU runs asynchronously, so a wall time taken
+    without this measures only the launch of the kernels. A no-op on CPU."""
+    device = _as_device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Forward passes
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(module_type: type) -> frozenset[str]:
+    return frozenset(inspect.signature(module_type.forward).parameters)
+
+
+def _new_cache(module: torch.nn.Module) -> Any:
+    """An empty DynamicCache for a transformers model (None for other modules: they bring their own)."""
+    transformers = sys.modules.get("transformers")  # a transformers model means transformers is imported
+    if transformers is None or not isinstance(module, transformers.PreTrainedModel):
+        return None
+    from transformers import DynamicCache
+
+    config = module.config
+
+    # config tells 4.57+ which layers slide; 4.46's DynamicCache takes none.
+    takes_config = "config" in inspect.signature(DynamicCache).parameters
+    return DynamicCache(config=config) if takes_config else DynamicCache()
+
+
+def _output_cache(output: Any) -> Any:
+    for key in ("cache", "past_key_values"):  # renamed in transformers 5
+        value = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _check_ids(ids: Any, name: str) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{name} must be a tensor [batch, seq_len] with batch, seq_len >= 1, got {shape}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+
+
+def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "last", use_cache: bool = True,
+            device: Any = None) -> Forward:
+    """One forward pass over ``ids`` (``[batch, seq_len]``) after what ``cache`` holds.
+
+    ``positions="last"`` returns the next-token logits ``[batch, vocab]`` (the vocabulary projection runs for
+    the last position only when the model allows); ``"all"`` returns every position's ``[batch, seq_len, vocab]``.
+    ``cache=None`` starts a new cache; a cache passed in is grown in place and returned. ``use_cache=False``
+    keeps no cache (scoring a text in one pass). ``device`` defaults to the model's and, when given, must be it.
+    """
+    module = module_of(lm)
+    _check_ids(ids, "ids")
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
+    if cache is not None and not use_cache:
+        raise ValueError("cache was given with use_cache=False; pass use_cache=True to continue from it")
+    home = _check_device(module, device)
+    parameters = _forward_parameters(type(module))
+    kwargs: dict[str, Any] = {"use_cache": use_cache}
+    if use_cache:
+        keyword = "cache" if "cache" in parameters else "past_key_values"
+        kwargs[keyword] = cache if cache is not None else _new_cache(module)
+    if positions == "last":
+        keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
+        if keep is not None:
+            kwargs[keep] = 1
+    with torch.inference_mode():
+        output = module(ids.to(home), **kwargs)
+        logits = output.logits  # [batch, seq_len (or 1), vocab]
+        if positions == "last":
+            logits = logits[:, -1, :]
+        return Forward(logits.float(), _output_cache(output) if use_cache else None)
+
+
+def prefill(lm: Any, ids: torch.Tensor, *, device: Any = None) -> Forward:
+    """Run the prompt ``[batch, prompt_len]`` once: (last position's logits ``[batch, vocab]``, a new cache)."""
+    return forward(lm, ids, positions="last", device=device)
+
+
+def decode_one_token(lm: Any, token_ids: torch.Tensor, cache: Any, *, device: Any = None) -> Forward:
+    """Feed one token per sequence (``[batch, 1]``) after the cached prefix: (next logits ``[batch, vocab]``, cache)."""
+    _check_ids(token_ids, "token_ids")
+    if token_ids.shape[1] != 1:
+        raise ValueError(f"token_ids must be [batch, 1] (one new token per sequence), got {tuple(token_ids.shape)}")
+    return forward(lm, token_ids, cache, positions="last", device=device)
+
+
+def full_logits(lm: Any, ids: torch.Tensor, *, device: Any = None) -> torch.Tensor:
+    """Logits of every position without a cache, ``[batch, seq_len, vocab]`` (the reference the cache must match)."""
+    return forward(lm, ids, positions="all", use_cache=False, device=device).logits
+
+
+def verify(lm: Any, cache: Any, last_ids: torch.Tensor, draft_ids: torch.Tensor, *, device: Any = None) -> Forward:
+    """Score k draft tokens in one pass: the k + 1 next-token logits ``[batch, k + 1, vocab]`` and the cache.
+
+    ``cache`` holds the accepted text except its last token, ``last_ids`` (``[batch, 1]``: chosen, not fed yet,
+    as in a decode loop); ``draft_ids`` (``[batch, k]``, k >= 0) are the proposal. Row ``i`` of the logits is
+    the distribution after ``last, draft_1 .. draft_i``: row 0 judges draft_1, row k gives the bonus token when
+    every draft is accepted. The cache then holds all k + 1 tokens; after accepting n drafts, cut it back with
+    ``crop(cache, length_before + 1 + n)`` (Leviathan et al. 2023, Algorithm 1; gpt-fast does the same).
+    """
+    _check_ids(last_ids, "last_ids")
+    if last_ids.shape[1] != 1:
+        raise ValueError(f"last_ids must be [batch, 1] (the last accepted token), got {tuple(last_ids.shape)}")
+    if not isinstance(draft_ids, torch.Tensor) or draft_ids.ndim != 2 or draft_ids.shape[0] != last_ids.shape[0]:
+        shape = tuple(draft_ids.shape) if isinstance(draft_ids, torch.Tensor) else type(draft_ids).__name__
+        raise ValueError(f"draft_ids must be a tensor [batch, k] with batch {last_ids.shape[0]} like last_ids, "
+                         f"got {shape}")
+    block = torch.cat([last_ids, draft_ids.to(last_ids.device, last_ids.dtype)], dim=1)  # [batch, k + 1]
+    return forward(lm, block, cache, positions="all", device=device)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a generation loop reports after each step (the per-step callback's argument)."""
+
+    step: int  # 0 is the prefill that produced the first new token; then one decode pass per token
+    token_ids: torch.Tensor  # [batch] on CPU: the tokens chosen at this step
+    step_s: float  # wall time of the step: forward pass and choice, device synchronized
+    cache_length: int  # tokens the cache holds after the step (the chosen tokens are not fed yet)
+
+    @property
+    def phase(self) -> str:
+        """``"prefill"`` for step 0, else ``"decode"``."""
+        return "prefill" if self.step == 0 else "decode"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Caches
+
+
+def _layer_tensors(cache: Any) -> Iterator[torch.Tensor]:
+    """Every key and value tensor of a cache: 4.57+/5.x ``.layers``, 4.46 ``DynamicCache`` or legacy tuples."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        pairs = ((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in layers)
+    else:
+        try:
+            pairs = iter(cache)  # 4.46 DynamicCache and the legacy format both yield (key, value) per layer
+        except TypeError:
+            raise TypeError(f"cache must be a transformers Cache or a sequence of (key, value), got "
+                            f"{type(cache).__name__}") from None
+    for pair in pairs:
+        yield from (tensor for tensor in pair if isinstance(tensor, torch.Tensor))
+
+
+def cache_length(cache: Any) -> int:
+    """Tokens a cache holds per sequence (0 for None).
+
+    >>> cache_length([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # [batch, n_kv_heads, seq_len, head_dim]
+    3
+    """
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    first = next(_layer_tensors(cache), None)
+    return 0 if first is None else int(first.shape[-2])
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes held by the key and value tensors of a cache, as measured (storage of the tensors, not a formula).
+
+    >>> cache_bytes([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # 2 x 24 FP32 values
+    192
+    """
+    return 0 if cache is None else sum(t.numel() * t.element_size() for t in _layer_tensors(cache))
+
+
+def crop(cache: Any, length: int) -> Any:
+    """Keep the first ``length`` tokens of a cache, in place (drops rejected draft tokens); returns the cache."""
+    current = cache_length(cache)
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= current:
+        raise ValueError(f"length must be an int in [0, {current}] (the cache holds {current} tokens), got {length!r}")
+    if not hasattr(cache, "crop"):
+        raise TypeError(f"cache must be a transformers DynamicCache (it has crop), got {type(cache).__name__}")
+    if length < current:
+        # A negative count removes that many tokens in every transformers version; 5.x refuses a target length.
+        with torch.inference_mode():
+            cache.crop(length - current)
+    return cache
+
+
+def copy_cache(cache: Any) -> Any:
+    """An independent deep copy: growing or cropping either one leaves the other as it was."""
+    return copy.deepcopy(cache)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activation capture
+
+
+def layer_names(lm: Any) -> list[str]:
+    """Names of the decoder blocks, in order; their outputs are the residual stream after each layer.
+
+    The blocks are the model's ``ModuleList`` with one entry per hidden layer (``model.layers.<i>`` in Llama,
+    ``gpt_neox.layers.<i>`` in GPT-NeoX, ``transformer.h.<i>`` in GPT-2).
+    """
+    module = module_of(lm)
+    n_layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
+    lists = [(name, child) for name, child in module.named_modules() if isinstance(child, torch.nn.ModuleList)]
+    matching = [(name, child) for name, child in lists if n_layers is None or len(child) == n_layers]
+    if not matching:
+        raise ValueError(f"no ModuleList of {n_layers} decoder layers in {type(module).__name__}")
+    name, blocks = max(matching, key=lambda pair: len(pair[1]))
+    return [f"{name}.{index}" for index in range(len(blocks))]
+
+
+def _select(module: torch.nn.Module, modules: Any) -> dict[str, torch.nn.Module]:
+    named = {name: child for name, child in module.named_modules() if name}
+    examples = f"names look like {list(named)[::max(1, len(named) // 4)][:4]} (all: model.named_modules())"
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        chosen = {name: child for name, child in named.items() if pattern.fullmatch(name)}
+    elif callable(modules):
+        chosen = {name: child for name, child in named.items() if modules(name, child)}
+    elif isinstance(modules, Iterable):
+        names = list(modules)
+        unknown = [name for name in names if name not in named]
+        if unknown:
+            raise ValueError(f"modules names {unknown[:3]} are not in the model; {examples}")
+        chosen = {name: named[name] for name in names}
+    else:
+        raise TypeError(f"modules must be a regular expression, a predicate (name, module) -> bool or a list of "
+                        f"names, got {type(modules).__name__}")
+    if not chosen:
+        raise ValueError(f"modules {modules!r} matches no module; {examples}")
+    return chosen
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
+    return next((item for item in items if isinstance(item, torch.Tensor)), None)
+
+
+def _keep(records: list[torch.Tensor], value: Any) -> None:
+    tensor = _first_tensor(value)
+    if tensor is not None:
+        # A plain CPU copy (not an inference tensor): the learner may edit it, and the pass may reuse its buffer.
+        with torch.inference_mode(False):
+            records.append(tensor.detach().to("cpu", copy=True))
+
+
+@dataclasses.dataclass
+class Capture:
+    """Tensors recorded by :func:`capture`: for each module name, one CPU tensor per call, in call order."""
+
+    what: str  # "input" (the first tensor argument) or "output" (the first tensor of the result)
+    records: dict[str, list[torch.Tensor]]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.records)
+
+    def __getitem__(self, name: str) -> list[torch.Tensor]:
+        return self.records[name]
+
+    def only(self, name: str) -> torch.Tensor:
+        """The one tensor of a module called exactly once (one forward pass)."""
+        calls = self.records[name]
+        if len(calls) != 1:
+            raise ValueError(f"{name} was called {len(calls)} times; read capture[{name!r}] for every call")
+        return calls[0]
+
+
+@contextmanager
+def capture(lm: Any, modules: Any, *, what: str = "output") -> Iterator[Capture]:
+    """Record the inputs or outputs of chosen modules for the passes run inside the ``with`` block.
+
+    ``modules``: a regular expression matched against whole module names (``r"model\\.layers\\.\\d+"``), a
+    predicate ``(name, module) -> bool`` (``lambda name, m: isinstance(m, torch.nn.Linear)``: the tensors that
+    weight quantization multiplies), or a list of names (:func:`layer_names`). The hooks are removed on exit,
+    also when the block raises.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    >>> with capture(net, ["0"]) as seen:
+    ...     _ = net(torch.ones(1, 2))
+    >>> seen.only("0").shape, len(net[0]._forward_hooks)
+    (torch.Size([1, 3]), 0)
+    """
+    if what not in WHAT:
+        raise ValueError(f"what must be one of {WHAT}, got {what!r}")
+    chosen = _select(module_of(lm), modules)
+    captured = Capture(what, {name: [] for name in chosen})
+    handles = []
+    try:
+        for name, child in chosen.items():
+            records = captured.records[name]
+            if what == "output":
+                handles.append(child.register_forward_hook(lambda _m, _a, out, r=records: _keep(r, out)))
+            else:  # 5.x passes a decoder layer's hidden states positionally, others may pass them by keyword
+                hook = lambda _m, args, kwargs, r=records: _keep(r, args if args else kwargs)  # noqa: E731
+                handles.append(child.register_forward_pre_hook(hook, with_kwargs=True))
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A private copy of the model
+
+
+def model_copy(lm: Any, *, device: Any = None) -> Any:
+    """An independent deep copy of a model (a LoadedModel or a module) to quantize or prune; the original stays
+    as loaded. Tied matrices stay tied inside the copy (deepcopy copies a shared tensor once).
+
+    >>> shared = torch.nn.Linear(2, 2)
+    >>> private = model_copy(shared)
+    >>> _ = private.weight.data.zero_()
+    >>> bool(shared.weight.abs().sum() > 0)
+    True
+    """
+    module = module_of(lm)
+    copied = copy.deepcopy(module).eval()
+    if device is not None:
+        copied.to(_as_device(device))
+    if isinstance(lm, torch.nn.Module):
+        return copied
+    return dataclasses.replace(lm, model=copied, notes=[*lm.notes, "a private copy; the shared model is unchanged"])
