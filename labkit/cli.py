@@ -2,6 +2,7 @@
 
     labkit build [--execute] [NAME ...]   learner notebooks from notebooks/solutions (optionally executed)
     labkit grade NOTEBOOK [--json F]      run a submission headless and score each exercise
+    labkit grade FOLDER [--out D] [--jobs N]   grade a class: a JSON per submission and a CSV gradebook
     labkit cache                          where the model cache lives and how big it is
     labkit clear-cache                    delete it (the next load converts again)
 """
@@ -9,8 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+
+from labkit.kernel_limits import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,10 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--execute", action="store_true", help="run solution and learner notebooks to store outputs")
     build.add_argument("--root", type=Path, default=Path.cwd(), help="repository root (default: current directory)")
 
-    grade = commands.add_parser("grade", help="run a submitted notebook and score its exercises")
-    grade.add_argument("notebook", type=Path)
-    grade.add_argument("--json", type=Path, help="also write the report to this JSON file")
+    default_jobs = min(4, os.cpu_count() or 1)
+    grade = commands.add_parser("grade", help="run submitted notebooks and score their exercises")
+    grade.add_argument("path", type=Path, help="a submitted notebook, or a folder of them (one class)")
+    grade.add_argument("--json", type=Path, help="one notebook: also write the report to this JSON file")
+    grade.add_argument("--out", type=Path, help="a folder: where reports and gradebook.csv go (default FOLDER-grades)")
+    grade.add_argument("--jobs", type=int, default=default_jobs,
+                       help=f"a folder: submissions graded at once (default {default_jobs})")
     grade.add_argument("--cell-timeout", type=int, default=120, help="seconds each cell may run (default 120)")
+    defaults = Limits()
+    grade.add_argument("--memory-mb", type=int, default=defaults.memory_mb,
+                       help=f"address space of each kernel process, MB (default {defaults.memory_mb})")
+    grade.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds,
+                       help=f"CPU time of each kernel process over the whole notebook (default {defaults.cpu_seconds})")
+    grade.add_argument("--max-procs", type=int, default=defaults.max_procs,
+                       help=f"processes and threads of a kernel and its children (default {defaults.max_procs})")
 
     commands.add_parser("cache", help="show the model cache location and size")
     commands.add_parser("clear-cache", help="delete the model cache")
@@ -39,20 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in build_notebooks(args.root, execute_notebooks=args.execute, only=args.names or None):
             print(f"wrote {path}")
     elif args.command == "grade":
-        import json
-
-        from labkit.grading import format_report, grade_notebook
-
-        if args.cell_timeout < 1:
-            parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")
-        try:
-            report = grade_notebook(args.notebook, cell_timeout_s=args.cell_timeout)
-        except (FileNotFoundError, ValueError) as error:
-            parser.error(str(error))
-        print(format_report(report))
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
-            print(f"wrote {args.json}")
+        _grade(parser, args)
     elif args.command == "cache":
         from labkit.resources import cache_root
 
@@ -64,6 +66,43 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"removed {clear_cache()}")
     return 0
+
+
+def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    import json
+
+    from labkit.grading import format_class_summary, format_report, grade_class, grade_notebook
+
+    if args.cell_timeout < 1:
+        parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    try:
+        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs)
+    except ValueError as error:
+        parser.error(str(error).replace("_", "-"))
+    if args.path.is_dir():
+        if args.json:
+            parser.error("--json is for one notebook; a folder's reports go to --out")
+        out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
+        try:
+            reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+        print()
+        print(format_class_summary(reports))
+        print(f"\nwrote {len(reports)} reports and {out / 'gradebook.csv'}")
+        return
+    if args.out:
+        parser.error("--out is for a folder of submissions; use --json for one notebook")
+    try:
+        report = grade_notebook(args.path, cell_timeout_s=args.cell_timeout, limits=limits)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -6,31 +6,68 @@ has a time limit (a runaway cell is interrupted and the run goes on), a cell tha
 and a cell that kills the kernel is skipped on a fresh run of the rest. One exercise crashing never stops the
 others from being graded.
 
+Each kernel runs under the limits of :mod:`labkit.kernel_limits` (memory, CPU time, processes), over IPC sockets
+rather than TCP, with one torch thread unless ``OMP_NUM_THREADS`` says otherwise. The random cases of every check
+are drawn from a seed derived from the submission's code, so grading the same submission again gives the same
+grade (a learner re-running a check in the notebook still gets fresh cases).
+
+A class is a folder of submissions: a notebook directly inside belongs to the learner named by its file's stem,
+a notebook in a subfolder to the learner named by the subfolder. :func:`grade_class` grades them in parallel,
+writes one JSON report per submission and a CSV gradebook, one row per learner (see :func:`gradebook`).
+
     labkit grade submission.ipynb [--json grades.json] [--cell-timeout 120]
+    labkit grade submissions/ [--out submissions-grades] [--jobs 2]
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 import os
+import random
+import signal
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import List, Unicode
+
+from labkit.kernel_limits import Confinement, Limits
+
 GRADES_MARKER = "LABKIT-GRADES "
 MAX_KERNEL_DEATHS = 3
+KERNEL_LOG_LINES = 20
 
 
-def grade_in_kernel(lab: str, namespace: dict[str, Any]) -> list[dict[str, Any]]:
-    """Check every exercise of ``lab`` against the functions in ``namespace`` (runs inside the learner's kernel)."""
+def submission_seed(notebook: Any) -> int:
+    """The grading seed of a submission: a hash of its code cells (outputs and metadata do not change it)."""
+    code = "\0".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    return _hash_to_seed(code)
+
+
+def _hash_to_seed(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1  # below 2**31
+
+
+def grade_in_kernel(lab: str, namespace: dict[str, Any], seed: int | None = None) -> list[dict[str, Any]]:
+    """Check every exercise of ``lab`` against the functions in ``namespace`` (runs inside the learner's kernel).
+
+    With a ``seed``, each exercise's random cases, and the global random generators the learner's code may use,
+    are seeded from it and the exercise id: the same submission gets the same grade every time.
+    """
     from labkit.checking import check_function
     from labkit.exercises import exercises
 
     results = []
     for exercise in exercises(lab):
+        exercise_seed = None if seed is None else _hash_to_seed(f"{seed}:{exercise.id}")
         try:
-            verdict = check_function(exercise, namespace.get(exercise.function))
+            if exercise_seed is not None:
+                _seed_global_generators(exercise_seed)
+            verdict = check_function(exercise, namespace.get(exercise.function), seed=exercise_seed)
             status, lines = verdict.status, list(verdict.lines)
         except BaseException as error:  # noqa: BLE001 - a grader must finish whatever happens
             status, lines = "failed", [f"the checker could not run: {type(error).__name__}: {error}"]
@@ -38,6 +75,17 @@ def grade_in_kernel(lab: str, namespace: dict[str, Any]) -> list[dict[str, Any]]
                         "points": exercise.points if status == "passed" else 0, "max_points": exercise.points,
                         "details": lines})
     return results
+
+
+def _seed_global_generators(seed: int) -> None:
+    import sys
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed(seed)
 
 
 def lab_of(notebook: Any, path: Path) -> str:
@@ -51,38 +99,77 @@ def lab_of(notebook: Any, path: Path) -> str:
     raise ValueError(f"notebook {path} has no labkit.lab metadata and its name does not start with a lab number")
 
 
-def _grading_cell(lab: str):
+def _grading_cell(lab: str, seed: int):
     import nbformat
 
     source = (
         "from labkit.grading import grade_in_kernel as _labkit_grade\n"
         "import json as _labkit_json\n"
-        f"print({GRADES_MARKER!r} + _labkit_json.dumps(_labkit_grade({lab!r}, globals())))"
+        f"print({GRADES_MARKER!r} + _labkit_json.dumps(_labkit_grade({lab!r}, globals(), seed={seed})))"
     )
     return nbformat.v4.new_code_cell(source)
 
 
-def _run(notebook: Any, cwd: Path, cell_timeout_s: int, env: dict[str, str]) -> tuple[Any, int | None]:
-    """Execute the notebook; returns it and the index of the cell during which the kernel died (or None)."""
+class LimitedKernelManager(AsyncKernelManager):
+    """A kernel manager that starts the kernel through :mod:`labkit.kernel_limits`' launcher."""
+
+    launcher = List(Unicode(), help="the command put before the kernel's own command line").tag(config=True)
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return [*self.launcher, *super().format_kernel_cmd(extra_arguments)]
+
+
+def _run(notebook: Any, cwd: Path, cell_timeout_s: int, env: dict[str, str], limits: Limits,
+         scratch: Path, log: Path) -> tuple[Any, int | None, str | None, dict[str, str]]:
+    """Execute the notebook under ``limits``, the kernel's own stdout and stderr going to ``log``.
+
+    Returns the notebook, the index of the cell during which the kernel died (or None) and why it died, and how
+    each limit was enforced.
+    """
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
+    from traitlets.config import Config
 
-    client = NotebookClient(
-        notebook, kernel_name="python3", timeout=cell_timeout_s, allow_errors=True, interrupt_on_timeout=True,
-        error_on_timeout={"ename": "CellTimeout", "evalue": f"the cell ran longer than {cell_timeout_s} s",
-                          "traceback": []},
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    current = {"index": None}
-    client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
-    try:
-        client.execute(env=env)
-    except DeadKernelError:
-        return notebook, current["index"]
-    return notebook, None
+    with Confinement(limits) as confinement:
+        # IPC sockets in the scratch folder: nothing listens on the network, and the kernel does not warn that
+        # it "is running over TCP without encryption" into the instructor's terminal.
+        config = Config({"LimitedKernelManager": {"launcher": confinement.launcher(), "transport": "ipc",
+                                                  "ip": str(scratch / "kernel")}})
+        client = NotebookClient(
+            notebook, kernel_name="python3", timeout=cell_timeout_s, allow_errors=True, interrupt_on_timeout=True,
+            error_on_timeout={"ename": "CellTimeout", "evalue": f"the cell ran longer than {cell_timeout_s} s",
+                              "traceback": []},
+            resources={"metadata": {"path": str(cwd)}}, kernel_manager_class=LimitedKernelManager, config=config,
+        )
+        current: dict[str, Any] = {"index": None, "process": None}
+        client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
+
+        def on_kernel_start(notebook: Any) -> None:
+            current["process"] = client.km.provisioner.process
+            confinement.kernel_pgid = client.km.provisioner.pgid
+
+        client.on_notebook_start = on_kernel_start
+        try:
+            with open(log, "ab") as kernel_output:  # what the kernel prints outside cells: not the instructor's terminal
+                client.execute(env=env, stdout=kernel_output, stderr=kernel_output)
+        except DeadKernelError:
+            return notebook, current["index"], _death(current["process"], limits), confinement.describe()
+    return notebook, None, None, confinement.describe()
 
 
-def grade_notebook(path: Path, cell_timeout_s: int = 120) -> dict[str, Any]:
+def _death(process: Any, limits: Limits) -> str:
+    """Why the kernel process ended, in words."""
+    code = None if process is None else process.poll()
+    if code is None:
+        return "the kernel died in this cell"
+    if code == -signal.SIGXCPU:
+        return f"the kernel died in this cell: it used up its CPU time limit ({limits.cpu_seconds} s)"
+    if code < 0:
+        return f"the kernel died in this cell: killed by {signal.Signals(-code).name}"
+    return f"the kernel died in this cell: it exited with code {code}"
+
+
+def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limits()) -> dict[str, Any]:
     """Run a submitted notebook and score each exercise of its lab. Returns the report (also JSON-ready)."""
     import nbformat
 
@@ -91,20 +178,26 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120) -> dict[str, Any]:
         raise FileNotFoundError(f"path {path} is not a notebook file")
     original = nbformat.read(path, as_version=4)
     lab = lab_of(original, path)
-    skipped: list[int] = []
+    seed = submission_seed(original)
+    skipped: dict[int, str] = {}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        # The learner's own check cells save progress; keep that away from the grader's user's file.
-        env = {**os.environ, "LABKIT_PROGRESS": str(Path(scratch) / "progress.json")}
+        # The learner's own check cells save progress; keep that away from the grader's user's file. One thread
+        # per kernel: parallel kernels do not oversubscribe the cores, and the grade does not depend on --jobs.
+        env = {**os.environ, "LABKIT_PROGRESS": str(Path(scratch) / "progress.json"),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         for _ in range(MAX_KERNEL_DEATHS + 1):
             notebook = nbformat.read(path, as_version=4)
             for index in skipped:
                 notebook.cells[index].source = "# skipped by the grader: this cell stopped the kernel"
-            notebook.cells.append(_grading_cell(lab))
-            notebook, died_at = _run(notebook, path.parent, cell_timeout_s, env)
+            notebook.cells.append(_grading_cell(lab, seed))
+            log = Path(scratch) / "kernel.log"
+            notebook, died_at, death, enforced = _run(notebook, path.parent, cell_timeout_s, env, limits,
+                                                      Path(scratch), log)
             if died_at is None or died_at == len(notebook.cells) - 1:
                 break
-            skipped.append(died_at)
+            skipped[died_at] = death
+        kernel_log = log.read_text(errors="replace").splitlines()[-KERNEL_LOG_LINES:] if log.exists() else []
     results = _results_from(notebook.cells[-1], lab)
     timed_out = f"CellTimeout: the cell ran longer than {cell_timeout_s} s and was interrupted"
     errors = [
@@ -116,7 +209,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120) -> dict[str, Any]:
         for output in cell.get("outputs", [])
         if output.get("output_type") == "error"
     ]
-    errors += [{"cell": index, "error": "the kernel died in this cell; it was skipped"} for index in skipped]
+    errors += [{"cell": index, "error": f"{death}; it was skipped"} for index, death in skipped.items()]
     return {
         "notebook": str(path),
         "lab": lab,
@@ -124,6 +217,9 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120) -> dict[str, Any]:
         "max_score": sum(r["max_points"] for r in results),
         "exercises": results,
         "cell_errors": sorted(errors, key=lambda e: e["cell"]),
+        "seed": seed,
+        "limits": enforced,
+        "kernel_log": kernel_log,  # the end of what the kernels printed outside cells (runs of this submission)
         "seconds": round(time.perf_counter() - started, 1),
     }
 
@@ -152,4 +248,136 @@ def format_report(report: dict[str, Any]) -> str:
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
         lines.append(f"cell {error['cell']}: {error['error']}")
+    if report["limits"]["processes"].startswith("not enforced"):
+        lines.append(f"note: the number of processes was {report['limits']['processes']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A class: a folder of submissions
+
+
+def find_submissions(folder: Path) -> list[tuple[str, Path]]:
+    """(learner, notebook) for every submission in ``folder``, in path order.
+
+    A notebook directly in the folder belongs to the learner named by its file's stem; one in a subfolder belongs
+    to the learner named by that subfolder. Hidden folders (``.ipynb_checkpoints``) are passed over.
+    """
+    found = []
+    for path in sorted(Path(folder).rglob("*.ipynb")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts):
+            continue
+        found.append((relative.parts[0] if len(relative.parts) > 1 else path.stem, path))
+    return found
+
+
+def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits) -> dict[str, Any]:
+    """grade_notebook, or a report that says why the submission could not be graded at all."""
+    try:
+        return grade_notebook(path, cell_timeout_s, limits)
+    except Exception as error:  # noqa: BLE001 - one broken submission never stops the class
+        return _unreadable(path, error)
+
+
+def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
+    first_line = (str(error).splitlines() or [""])[0]
+    return {"notebook": str(path), "lab": None, "score": 0, "max_score": 0, "exercises": [], "cell_errors": [],
+            "error": f"could not be graded: {type(error).__name__}: {first_line}"}
+
+
+def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 120, limits: Limits = Limits(),
+                progress: Any = print) -> list[dict[str, Any]]:
+    """Grade every submission in ``folder``, ``jobs`` at a time; write their JSON reports and the gradebook to ``out``.
+
+    Each report gains a ``learner`` field and is written to ``out`` under the submission's relative path with the
+    suffix ``.json``; the gradebook is ``out/gradebook.csv``. Returns the reports in path order.
+    """
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"path {folder} is not a folder")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    submissions = find_submissions(folder)
+    if not submissions:
+        raise ValueError(f"folder {folder} holds no .ipynb submissions")
+    reports: dict[Path, dict[str, Any]] = {}
+    # Worker processes, not threads: each runs its own nbclient event loop. "spawn" keeps them free of the
+    # parent's state (a forked copy of a running event loop misbehaves).
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits): (learner, path)
+                   for learner, path in submissions}
+        for future in as_completed(futures):
+            learner, path = futures[future]
+            try:
+                report = future.result()
+            except Exception as error:  # noqa: BLE001 - a worker that died is one submission's error
+                report = _unreadable(path, error)
+            report["learner"] = learner
+            target = out / path.relative_to(folder).with_suffix(".json")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(report, indent=2), encoding="utf-8")
+            reports[path] = report
+            outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
+            progress(f"graded {learner} ({path.name}): {outcome}")
+    ordered = [reports[path] for _, path in submissions]
+    columns, rows = gradebook(ordered)
+    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return ordered
+
+
+def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The gradebook's columns and one row per learner.
+
+    Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
+    submission (labs in order, each lab's exercises in registration order) holding the points earned, then
+    ``total``, ``max`` (the points available in the labs that learner handed in) and ``notes``. A cell is empty
+    where the learner handed in no submission of that exercise's lab. When a learner handed in one lab twice, the
+    better submission counts and the note says so. A submission that could not be graded is a note.
+    """
+    exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
+    columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "notes"]
+    rows = []
+    for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
+        mine = [r for r in reports if r["learner"] == learner]
+        notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
+        best: dict[str, dict[str, Any]] = {}
+        for report in (r for r in mine if "error" not in r):
+            lab = report["lab"]
+            if lab in best:
+                notes.append(f"lab {lab} handed in twice; the better submission counts")
+            if lab not in best or report["score"] > best[lab]["score"]:
+                best[lab] = report
+        row: dict[str, Any] = {"learner": learner, "labs": " ".join(sorted(best)), "notes": "; ".join(notes)}
+        for report in best.values():
+            row.update({result["id"]: result["points"] for result in report["exercises"]})
+        row["total"] = sum(report["score"] for report in best.values())
+        row["max"] = sum(report["max_score"] for report in best.values())
+        rows.append(row)
+    return columns, rows
+
+
+def format_class_summary(reports: list[dict[str, Any]]) -> str:
+    """Per learner their score and notes; per exercise how many submissions passed, failed or did not attempt it."""
+    _, rows = gradebook(reports)
+    width = max(12, *(len(row["learner"]) for row in rows))
+    lines = [f"{'learner':<{width}} {'labs':<12} {'score':>9}  notes"]
+    for row in rows:
+        lines.append(f"{row['learner']:<{width}} {row['labs'] or '-':<12} {row['total']:>4}/{row['max']:<4}  "
+                     f"{row['notes']}".rstrip())
+    counts: dict[str, dict[str, int]] = {}
+    for report in reports:
+        for result in report["exercises"]:
+            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0})
+            tally[result["status"]] += 1
+    width = max(28, *(len(ex_id) for ex_id in counts)) if counts else 28
+    lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]
+    for ex_id, tally in sorted(counts.items()):
+        lines.append(f"{ex_id:<{width}} {tally['passed']:>7} {tally['failed']:>7} {tally['not attempted']:>14}")
     return "\n".join(lines)
