@@ -215,6 +215,8 @@ def verify(lm: Any, cache: Any, last_ids: torch.Tensor, draft_ids: torch.Tensor,
         shape = tuple(draft_ids.shape) if isinstance(draft_ids, torch.Tensor) else type(draft_ids).__name__
         raise ValueError(f"draft_ids must be a tensor [batch, k] with batch {last_ids.shape[0]} like last_ids, "
                          f"got {shape}")
+    if draft_ids.is_floating_point() or draft_ids.is_complex() or draft_ids.dtype == torch.bool:
+        raise TypeError(f"draft_ids must hold integer token ids, got dtype {draft_ids.dtype}")
     block = torch.cat([last_ids, draft_ids.to(last_ids.device, last_ids.dtype)], dim=1)  # [batch, k + 1]
     return forward(lm, block, cache, positions="all", device=device)
 

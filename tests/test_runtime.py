@@ -141,6 +141,8 @@ def test_verify_rejects_mismatched_blocks(tiny):
         verify(tiny, cache, _ids(tiny, 2, 2), _ids(tiny, 2, 3))
     with pytest.raises(ValueError, match="draft_ids must be a tensor"):
         verify(tiny, cache, _ids(tiny, 2, 1), _ids(tiny, 1, 3))
+    with pytest.raises(TypeError, match="draft_ids must hold integer token ids"):
+        verify(tiny, cache, _ids(tiny, 2, 1), _ids(tiny, 2, 3).float())
 
 
 def test_arguments_are_checked_with_a_clear_message(tiny):
