@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
 import labkit.sampling as sampling
 from labkit.sampling import (
     TOP_P_TOLERANCE, apply_temperature, entropy_bits, filter_logits, kept_count, kept_mass, min_p_filter, sample,
-    sampling_logits, sampling_probs, softmax_with_temperature, top_k_filter, top_p_filter,
+    sampling_logits, sampling_probs, softmax_with_temperature, top_k_filter, top_p_filter, top_p_filter_reference,
 )
 
 # The lesson's four-token vocabulary A, B, C, D with logits log 8, log 4, log 2, log 1.
@@ -99,17 +99,45 @@ def test_top_p_ties_go_to_the_lower_id():
     assert kept(top_p_filter(torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0]), 0.5)) == [False, True, True, True, False]
 
 
-def test_the_shortcut_and_the_full_sort_agree(monkeypatch):
+# ----- the fast top-p equals the plain rule -----
+
+@pytest.mark.parametrize("logits", [LESSON, LESSON32], ids=["float64", "float32"])
+@pytest.mark.parametrize("top_p", [1e-9, 8 / 15, 0.75, 0.8, 0.8 + TOP_P_TOLERANCE / 2, 0.8 + 2 * TOP_P_TOLERANCE,
+                                   0.81, 14 / 15, 1 - 1e-7, 1.0])
+def test_fast_top_p_equals_the_reference_on_the_lesson_and_its_boundaries(logits, top_p):
+    assert torch.equal(top_p_filter(logits, top_p), top_p_filter_reference(logits, top_p))
+
+
+def test_the_reference_reads_as_the_rule():
+    assert kept(top_p_filter_reference(LESSON, 0.75)) == [True, True, False, False]
+    assert kept(top_p_filter_reference(LESSON, 0.8)) == [True, True, False, False]  # 12/15 reaches 4/5
+    assert kept(top_p_filter_reference(LESSON, 0.81)) == [True, True, True, False]
+    assert kept(top_p_filter_reference(torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0]), 0.5)) == [False, True, True, True,
+                                                                                           False]
+
+
+def test_fast_top_p_equals_the_reference_where_the_shortcut_is_stretched():
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(8, 5000, generator=generator) * torch.linspace(0.5, 6, 8)[:, None]
-    logits[0, :300] = 4.0  # a long tie across the candidate boundary forces the fallback
-    after_top_k = top_k_filter(logits, 100)  # -inf entries: the candidates may end in removed tokens
-    for rows in (logits, after_top_k, logits[3]):
-        for top_p in (0.3, 0.9, 0.99):
-            fast = top_p_filter(rows, top_p)
-            monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", ())
-            assert torch.equal(top_p_filter(rows, top_p), fast)
-            monkeypatch.undo()
+    logits[0, :300] = 4.0  # a long tie: the whole tie shares the boundary bucket
+    logits[1, 1000:] = -math.inf  # removed tokens share the last bucket
+    logits[2] = torch.linspace(0, 200, 5000)  # a range far wider than the buckets cover
+    logits[3] = 0.0  # every token tied
+    after_top_k = top_k_filter(logits, 100)
+    quarter = torch.tensor([1.0, 1.0, 1.0, 1.0]).log()  # masses 1/4, 1/2, 3/4: the guard sends p = 1/2 to the rule
+    for rows in (logits, after_top_k, logits[3], logits.double(), quarter):
+        for top_p in (1e-9, 0.25, 0.3, 0.5, 0.9, 0.99, 1 - 2e-6):
+            assert torch.equal(top_p_filter(rows, top_p), top_p_filter_reference(rows, top_p)), (rows.shape, top_p)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31), batch=st.integers(1, 3), vocab=st.integers(1, 3000), scale=st.floats(0.01, 30),
+       ties=st.booleans(), top_p=st.floats(1e-9, 1.0))
+def test_fast_top_p_equals_the_reference(seed, batch, vocab, scale, ties, top_p):
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    if ties:
+        logits = logits.round()
+    assert torch.equal(top_p_filter(logits, top_p), top_p_filter_reference(logits, top_p))
 
 
 def test_filters_go_top_k_then_top_p_then_min_p():
@@ -128,16 +156,16 @@ def test_summaries():
 # ----- validation -----
 
 @pytest.mark.parametrize("kwargs,error,message", [
-    ({"temperature": -0.1}, ValueError, "temperature must be a finite number >= 0"),
+    ({"temperature": -0.1}, ValueError, r"temperature must be a real number >= 0 \(0 means greedy\), got -0.1"),
     ({"temperature": math.nan}, ValueError, "temperature"),
     ({"temperature": "1"}, TypeError, "temperature"),
-    ({"top_k": -1}, ValueError, "top_k must be >= 0"),
-    ({"top_k": 2.0}, TypeError, "top_k must be an integer"),
+    ({"top_k": -1}, ValueError, "top_k must be an int >= 0"),
+    ({"top_k": 2.0}, TypeError, "top_k must be an int"),
     ({"top_k": True}, TypeError, "top_k"),
-    ({"top_p": 0.0}, ValueError, r"top_p must be a number in \(0, 1\]"),
+    ({"top_p": 0.0}, ValueError, r"top_p must be a real number in \(0, 1\]"),
     ({"top_p": 1.5}, ValueError, "top_p"),
     ({"top_p": math.nan}, ValueError, "top_p"),
-    ({"min_p": -0.1}, ValueError, r"min_p must be a number in \[0, 1\]"),
+    ({"min_p": -0.1}, ValueError, r"min_p must be a real number in \[0, 1\]"),
     ({"min_p": 2}, ValueError, "min_p"),
     ({"order": "temperature-first"}, ValueError, "order must be one of"),
 ])
@@ -158,10 +186,30 @@ def test_bad_logits_are_errors(logits, message):
         sampling_probs(logits)
 
 
+@pytest.mark.parametrize("step", [
+    lambda x: top_k_filter(x, 2), lambda x: top_k_filter(x, 0), lambda x: top_p_filter(x, 0.9),
+    lambda x: top_p_filter_reference(x, 0.9), lambda x: min_p_filter(x, 0.1), lambda x: apply_temperature(x, 0),
+    lambda x: filter_logits(x), lambda x: sampling_logits(x, temperature=0.7),
+], ids=["top_k", "top_k off", "top_p", "top_p reference", "min_p", "greedy", "no filter", "temperature"])
+@pytest.mark.parametrize("bad,message", [(math.nan, "NaN"), (math.inf, r"\+inf"), (-math.inf, "entirely -inf")])
+def test_every_step_rejects_bad_values_from_its_own_row_maximum(step, bad, message):
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
+    logits[1] = bad if bad == -math.inf else logits[1]
+    logits[1, 2] = bad
+    before = logits.clone()
+    with pytest.raises(ValueError, match=message):
+        step(logits)
+    assert torch.equal(logits.isnan(), before.isnan()) and torch.equal(logits.nan_to_num(), before.nan_to_num())
+
+
+def test_a_plain_temperature_is_one_division_and_passes_nan_through():
+    assert apply_temperature(torch.tensor([2.0, math.nan]), 2.0)[1].isnan()
+
+
 def test_integer_logits_and_non_tensors_are_type_errors():
     with pytest.raises(TypeError, match="floating-point"):
         top_k_filter(torch.tensor([1, 2]), 1)
-    with pytest.raises(TypeError, match="torch.Tensor"):
+    with pytest.raises(TypeError, match=r"logits must be a floating-point tensor .*got \[1.0, 2.0\]"):
         top_p_filter([1.0, 2.0], 0.5)
 
 
@@ -185,11 +233,13 @@ def test_sample_shapes_and_seeds():
 
 @pytest.mark.parametrize("probs,message", [
     (torch.tensor([0.5, -0.1]), ">= 0"), (torch.tensor([0.0, 0.0]), "positive entry"),
-    (torch.tensor([math.nan, 1.0]), "finite"), (torch.tensor([1, 0]), "float"),
+    (torch.tensor([math.nan, 1.0]), "finite"),
 ])
 def test_sample_rejects_what_is_not_a_distribution(probs, message):
     with pytest.raises(ValueError, match=message):
         sample(probs)
+    with pytest.raises(TypeError, match="probs must be a floating-point tensor"):
+        sample(torch.tensor([1, 0]))
 
 
 def test_sample_rejects_a_seed_where_a_generator_belongs():
