@@ -16,14 +16,12 @@ repetition penalties, stop strings. Used by lab 02 (and by labs 05 and 06 for ti
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
-from labkit import sampling
+from labkit import sampling, validation
 
 
 @dataclass(frozen=True)
@@ -84,19 +82,11 @@ def next_tokens(logits: torch.Tensor, settings: dict, generator: torch.Generator
     return sampling.sample(sampling.sampling_probs(logits, **settings), generator=generator)
 
 
-def _check_arguments(input_ids: Any, max_new_tokens: Any, temperature: Any, seed: Any) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a tensor [batch, prompt_len] with prompt_len >= 1, got "
-                         f"{tuple(getattr(input_ids, 'shape', ())) or type(input_ids).__name__}")
-    if input_ids.is_floating_point():
-        raise TypeError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or not (
-            temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {seed!r}")
+def _check_arguments(input_ids: Any, max_new_tokens: Any, seed: Any) -> None:
+    validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[batch, prompt_len]",
+                      nonempty=True)
+    validation.integer("max_new_tokens", max_new_tokens, min=0)
+    validation.integer("seed", seed, optional=True)
 
 
 def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
@@ -111,8 +101,8 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
     ``use_cache=False`` recomputes the whole prefix at every step (slow; the reference the cache must match).
     ``keep_logits`` keeps each step's logits (``[batch, n_new, vocab]`` floats: mind the memory).
     """
-    _check_arguments(input_ids, max_new_tokens, temperature, seed)
-    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, order=order)
+    _check_arguments(input_ids, max_new_tokens, seed)
+    settings = sampling.check_settings(temperature, top_k, top_p, min_p, order)  # the same errors as sampling's
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     batch_size, prompt_len = input_ids.shape
     token_ids = input_ids

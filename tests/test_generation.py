@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from labkit.generation import Generation, first_divergence, full_logits, generate
+from labkit.sampling import apply_temperature, sampling_probs
 
 PROMPT = "Write one sentence about the sea."
 N_NEW = 20
@@ -94,3 +95,19 @@ def test_bad_arguments_are_rejected(bad):
     arguments = dict(model=None, input_ids=torch.tensor([[1, 2]]), max_new_tokens=3) | bad
     with pytest.raises((ValueError, TypeError)):
         generate(**arguments)
+
+
+@pytest.mark.parametrize("name,value,error", [("temperature", "1", TypeError), ("temperature", -1.0, ValueError),
+                                              ("top_k", 2.5, TypeError), ("top_p", 1.5, ValueError),
+                                              ("order", "reverse", ValueError)])
+def test_a_bad_sampling_setting_gets_the_same_error_as_in_sampling(name, value, error):
+    # Checked before the first forward pass (model=None is never called), with sampling's own message.
+    with pytest.raises(error) as from_sampling:
+        sampling_probs(torch.zeros(3), **{name: value})
+    with pytest.raises(error) as from_generate:
+        generate(None, torch.tensor([[1, 2]]), 3, **{name: value})
+    assert str(from_generate.value) == str(from_sampling.value)
+    if name == "temperature":
+        with pytest.raises(error, match=str(from_generate.value)):
+            apply_temperature(torch.zeros(3), value)
+    assert str(from_generate.value).startswith(f"{name} must be ") and f"got {value!r}" in str(from_generate.value)
