@@ -1,5 +1,7 @@
 """labkit.generation: greedy equals transformers, seeds reproduce, the cache changes nothing but the cost."""
 
+import re
+
 import pytest
 import torch
 
@@ -108,6 +110,6 @@ def test_a_bad_sampling_setting_gets_the_same_error_as_in_sampling(name, value, 
         generate(None, torch.tensor([[1, 2]]), 3, **{name: value})
     assert str(from_generate.value) == str(from_sampling.value)
     if name == "temperature":
-        with pytest.raises(error, match=str(from_generate.value)):
+        with pytest.raises(error, match=re.escape(str(from_generate.value))):
             apply_temperature(torch.zeros(3), value)
     assert str(from_generate.value).startswith(f"{name} must be ") and f"got {value!r}" in str(from_generate.value)
