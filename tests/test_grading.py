@@ -1,9 +1,14 @@
 """labkit.grading: a submitted notebook is run headless and every exercise of its lab is scored."""
 
+import csv
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -11,6 +16,7 @@ import pytest
 from labkit import grading
 from labkit.checking import Case, Exercise
 from labkit.exercises import exercises
+from labkit.kernel_limits import Confinement, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,8 +56,9 @@ def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):
     errors = {e["cell"]: e["error"] for e in report["cell_errors"]}
     assert errors[answer + 1].startswith("ZeroDivisionError")
     assert errors[answer + 2].startswith("CellTimeout")
-    assert errors[answer + 3] == "the kernel died in this cell; it was skipped"
+    assert errors[answer + 3] == "the kernel died in this cell: it exited with code 3; it was skipped"
     assert "0/2 points" in result.stdout and "divide the logits by T" in result.stdout
+    assert "without encryption" not in result.stderr + result.stdout  # IPC sockets, not TCP
 
 
 def test_one_exercise_whose_check_crashes_does_not_stop_the_others(monkeypatch):
@@ -84,3 +91,161 @@ def test_lab_comes_from_metadata_or_file_name(tmp_path):
     assert grading.lab_of(notebook, Path("anything.ipynb")) == "01"
     with pytest.raises(ValueError, match="has no labkit.lab metadata"):
         grading.lab_of(nbformat.v4.new_notebook(), Path("homework.ipynb"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A class of submissions, limits, and the same grade twice
+
+# Right on short rows, wrong on long ones: passes every hand case, fails a random case (which one depends on the seed).
+FLAKY_ANSWER = (
+    "import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
+    "    if temperature == 0:\n"
+    "        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)\n"
+    "    probs = torch.softmax(logits / temperature, dim=-1)\n"
+    "    return probs if logits.shape[-1] <= 20 else probs.flip(-1)\n")
+
+
+def _submission(*sources: str) -> nbformat.NotebookNode:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["labkit"] = {"lab": "00"}
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    return notebook
+
+
+def _fork_loop(pid_file: Path) -> str:
+    """A cell that forks sleeping children until fork fails: bounded (200 at most, each gone within 60 s) even if
+    no limit held, and each child's pid written down so the test can check the grader killed it."""
+    return (
+        "import os, time\nchildren = []\n"
+        "for _ in range(200):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        f"        with open({str(pid_file)!r}, 'a') as f:\n"
+        "            f.write(f'{os.getpid()}\\n')\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    children.append(pid)\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended; only its parent (init here) has yet to collect it
+
+
+def test_a_class_is_graded_in_parallel_within_limits(tmp_path, embedded):
+    solution = nbformat.read(ROOT / "notebooks" / "solutions" / "00_start_here.ipynb", as_version=4)
+    answer = next(c.source for c in solution.cells if "def softmax_with_temperature" in c.source)
+    with Confinement(Limits(max_procs=64)) as probe:
+        forks_are_bounded = not probe.describe()["processes"].startswith("not enforced")
+    pids = tmp_path / "children.txt"
+    hog_cells = ["hog = bytearray(50 * 2**30)"] + ([_fork_loop(pids)] if forks_are_bounded else [])
+
+    folder = tmp_path / "class"
+    (folder / "carol").mkdir(parents=True)
+    nbformat.write(_submission(answer), folder / "alice.ipynb")
+    nbformat.write(_submission(FLAKY_ANSWER), folder / "bob.ipynb")
+    nbformat.write(_submission(FLAKY_ANSWER), folder / "carol" / "00_start_here.ipynb")  # bob's, graded again
+    nbformat.write(_submission(answer, *hog_cells), folder / "dave.ipynb")
+    (folder / "eve.ipynb").write_text("{ this is not a notebook")
+
+    result = subprocess.run([sys.executable, "-m", "labkit.cli", "grade", str(folder), "--jobs", "2",
+                             "--max-procs", "64", "--cell-timeout", "60"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "without encryption" not in result.stderr + result.stdout  # issue 15: the instructor sees the report only
+    out = tmp_path / "class-grades"
+    with open(out / "gradebook.csv", newline="") as file:
+        rows = {row["learner"]: row for row in csv.DictReader(file)}
+    assert list(rows) == ["alice", "bob", "carol", "dave", "eve"]
+    assert [(rows[n]["00.softmax_temperature"], rows[n]["total"], rows[n]["max"]) for n in rows] == [
+        ("2", "2", "2"), ("0", "0", "2"), ("0", "0", "2"), ("2", "2", "2"), ("", "0", "0")]
+    assert "NotJSONError" in rows["eve"]["notes"] and "NotJSONError" in json.loads((out / "eve.json").read_text())["error"]
+
+    # The same submission graded twice, in two kernels: the same random cases, the same verdict.
+    bob, carol = (json.loads(p.read_text()) for p in (out / "bob.json", out / "carol" / "00_start_here.json"))
+    assert bob["seed"] == carol["seed"] and bob["exercises"] == carol["exercises"]
+    assert bob["exercises"][0]["details"][0].startswith("random case")
+
+    # 50 GB is refused at once (RLIMIT_AS); the fork loop stops at the limit; the exercise is still graded.
+    dave = json.loads((out / "dave.json").read_text())
+    errors = [error["error"] for error in dave["cell_errors"]]
+    assert errors[0].startswith("MemoryError")
+    if forks_are_bounded:
+        assert errors[1].startswith("BlockingIOError") and len(errors) == 2
+        children = [int(line) for line in pids.read_text().split()]
+        assert 0 < len(children) < 64
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in children), "the grader left forked children running"
+    assert dave["score"] == 2 and dave["limits"]["memory"].startswith("4096 MB")
+
+    summary = result.stdout.split("exercise", 1)[1]
+    assert "00.softmax_temperature" in summary and summary.split("00.softmax_temperature")[1].split()[:3] == [
+        "2", "2", "0"]
+
+
+def test_the_same_seed_gives_the_same_grade_and_the_seed_follows_the_code():
+    namespace: dict = {}
+    exec(FLAKY_ANSWER, namespace)
+    first, again, other = (grading.grade_in_kernel("00", namespace, seed=s) for s in (7, 7, 8))
+    assert first == again and first[0]["status"] == "failed"
+    assert first[0]["details"] != other[0]["details"]  # another seed, other random cases
+
+    notebook = _submission(FLAKY_ANSWER)
+    with_outputs = _submission(FLAKY_ANSWER)
+    with_outputs.cells[0].outputs = [nbformat.v4.new_output("stream", text="ran it")]
+    assert grading.submission_seed(notebook) == grading.submission_seed(with_outputs)
+    assert grading.submission_seed(notebook) != grading.submission_seed(_submission(FLAKY_ANSWER + "# edited\n"))
+
+
+def test_the_launcher_limits_memory_and_cpu_time():
+    burn = "try:\n    bytearray(50 * 2**30)\nexcept MemoryError:\n    print('MemoryError', flush=True)\nwhile True:\n    pass"
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "labkit.kernel_limits", "--memory-mb", "512", "--cpu-seconds", "1",
+                             "--max-procs", "64", "--", sys.executable, "-c", burn],
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout == "MemoryError\n"
+    assert result.returncode == -signal.SIGXCPU and time.monotonic() - started < 30
+    reason = grading._death(SimpleNamespace(poll=lambda: -signal.SIGXCPU), Limits(cpu_seconds=30))
+    assert reason == "the kernel died in this cell: it used up its CPU time limit (30 s)"
+
+
+def test_limits_refuse_nonsense_with_the_argument_named():
+    with pytest.raises(ValueError, match="memory_mb must be an integer of at least 256, got 10"):
+        Limits(memory_mb=10)
+    with pytest.raises(ValueError, match="max_procs must be an integer of at least 16, got 2.5"):
+        Limits(max_procs=2.5)
+
+
+def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
+    monkeypatch.setattr("labkit.kernel_limits.make_pids_cgroup", lambda max_procs: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with Confinement(Limits()) as confinement:
+        assert confinement.describe()["processes"].startswith("not enforced")
+        assert "--cgroup" not in confinement.launcher()
+
+
+def _report(learner, lab, points, notebook="n.ipynb"):
+    results = [{"id": f"{lab}.{name}", "status": "passed" if p else "failed", "points": p, "max_points": 1}
+               for name, p in points.items()]
+    return {"learner": learner, "notebook": notebook, "lab": lab, "score": sum(points.values()),
+            "max_score": len(points), "exercises": results, "cell_errors": []}
+
+
+def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
+    reports = [
+        _report("ann", "01", {"b": 1}), _report("ann", "00", {"a": 1, "z": 0}),
+        _report("ben", "00", {"a": 0, "z": 0}, "first.ipynb"), _report("ben", "00", {"a": 1, "z": 1}, "second.ipynb"),
+        {"learner": "cy", "notebook": "cy.ipynb", "lab": None, "score": 0, "max_score": 0, "exercises": [],
+         "cell_errors": [], "error": "could not be graded: NotJSONError: ..."},
+    ]
+    columns, rows = grading.gradebook(reports)
+    assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "notes"]
+    ann, ben, cy = rows
+    assert (ann["labs"], ann["00.a"], ann["01.b"], ann["total"], ann["max"]) == ("00 01", 1, 1, 2, 3)
+    assert (ben["labs"], ben["total"], ben["max"], "01.b" in ben) == ("00", 2, 2, False)  # the better one counts
+    assert "lab 00 handed in twice" in ben["notes"]
+    assert (cy["labs"], cy["total"], cy["max"]) == ("", 0, 0) and "NotJSONError" in cy["notes"]
