@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from labkit.memory import (
-    GB, GIB, LLAMA, BlockLayout, check_count, check_shardable, format_bits, kv_cache_bytes, to_gb, to_gib,
-    weights_bytes,
+    GB, GIB, LLAMA, BlockLayout, check_shardable, format_bits, kv_cache_bytes, to_gb, to_gib, weights_bytes,
 )
 from labkit.spec import ModelSpec
+from labkit.validation import instance, integer, real
 
 def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: str = "bf16", tp: int = 1,
                       layout: BlockLayout = LLAMA) -> int:
@@ -36,7 +36,7 @@ def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: s
     232
     """
     kv_heads = check_shardable(spec, layout, tp)
-    batch_size, seq_len = check_count("batch_size", batch_size), check_count("seq_len", seq_len)
+    batch_size, seq_len = integer("batch_size", batch_size, min=0), integer("seq_len", seq_len, min=0)
     qkv = (spec.n_heads // tp + 2 * kv_heads) * spec.head_dim
     mlp_hidden = (2 if layout.gated_mlp else 1) * (spec.d_ff // tp)
     per_token = 2 * spec.d_model + qkv + mlp_hidden
@@ -53,9 +53,8 @@ def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
     >>> workspace_bytes(80 * GB)
     8000000000
     """
-    capacity_bytes = check_count("capacity_bytes", capacity_bytes, 1)
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
-        raise ValueError(f"fraction must be a number in [0, 1), got {fraction!r}")
+    capacity_bytes = integer("capacity_bytes", capacity_bytes, min=1)
+    fraction = real("fraction", fraction, min=0, max=1, max_open=True)
     return int(capacity_bytes * fraction)
 
 
@@ -74,7 +73,7 @@ class GPUSpec:
     source: str = ""  # where the numbers come from
 
     def __post_init__(self) -> None:
-        check_count("memory_bytes", self.memory_bytes, 1)
+        integer("memory_bytes", self.memory_bytes, min=1)
 
     @property
     def memory_gib(self) -> float:
@@ -104,9 +103,9 @@ class MemoryBudget:
 
     def __post_init__(self) -> None:
         for name in ("weights_bytes", "kv_cache_bytes", "activations_bytes", "workspace_bytes", "other_bytes"):
-            check_count(name, getattr(self, name))
-        check_count("capacity_bytes", self.capacity_bytes, 1)
-        check_count("tp", self.tp, 1)
+            integer(name, getattr(self, name), min=0)
+        integer("capacity_bytes", self.capacity_bytes, min=1)
+        integer("tp", self.tp, min=1)
 
     @property
     def parts(self) -> dict[str, int]:
@@ -151,8 +150,7 @@ def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_
     >>> b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.fits  # 236 params x 2 B; 3 x 2*2 x 2 B
     (472, 24, 232, True)
     """
-    if not isinstance(gpu, GPUSpec):
-        raise TypeError(f"gpu must be a GPUSpec (labkit.presets.gpu_preset(name)), got {type(gpu).__name__}")
+    instance("gpu", gpu, GPUSpec, "a GPUSpec (labkit.presets.gpu_preset(name))")
     format_bits(weight_fmt, "weight_fmt")  # checked here so the message names budget's own argument
     return MemoryBudget(
         weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),
@@ -160,7 +158,7 @@ def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_
         activations_bytes=activations_bytes(spec, batch_size, seq_len, act_fmt, tp, layout),
         workspace_bytes=workspace_bytes(gpu.memory_bytes, workspace_fraction),
         capacity_bytes=gpu.memory_bytes,
-        other_bytes=check_count("other_bytes", other_bytes),
+        other_bytes=integer("other_bytes", other_bytes, min=0),
         tp=tp,
     )
 
@@ -186,7 +184,7 @@ def max_batch_size(spec: ModelSpec, gpu: GPUSpec, seq_len: int, **options: Any) 
     >>> max_batch_size(spec, GPUSpec("1 KB", 1000), seq_len=3, workspace_fraction=0)  # 472 + 256 n <= 1000
     2
     """
-    seq_len = check_count("seq_len", seq_len, 1)
+    seq_len = integer("seq_len", seq_len, min=1)
     return _largest_fitting(lambda n: budget(spec, gpu, n, seq_len, **options).fits)
 
 
@@ -199,7 +197,7 @@ def max_seq_len(spec: ModelSpec, gpu: GPUSpec, batch_size: int, **options: Any) 
     >>> max_seq_len(spec, GPUSpec("1 KB", 1000), batch_size=1, workspace_fraction=0)  # 512 + 72 T <= 1000
     6
     """
-    batch_size = check_count("batch_size", batch_size, 1)
+    batch_size = integer("batch_size", batch_size, min=1)
     return _largest_fitting(lambda n: budget(spec, gpu, batch_size, n, **options).fits)
 
 
@@ -216,5 +214,5 @@ def kv_batch_capacity(spec: ModelSpec, kv_budget_bytes: int, seq_len: int, kv_dt
     >>> kv_batch_capacity(spec, 8 * GIB, seq_len=4096, kv_dtype="fp16")  # 512 MiB per sequence
     16
     """
-    kv_budget_bytes, seq_len = check_count("kv_budget_bytes", kv_budget_bytes), check_count("seq_len", seq_len, 1)
+    kv_budget_bytes, seq_len = integer("kv_budget_bytes", kv_budget_bytes, min=0), integer("seq_len", seq_len, min=1)
     return kv_budget_bytes // kv_cache_bytes(spec, 1, seq_len, kv_dtype, tp)

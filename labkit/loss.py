@@ -22,20 +22,18 @@ from typing import Any
 import torch
 
 from labkit.sampling import sampling_logits
+from labkit.validation import choice, integer, real, tensor
 
 UNITS = ("nats", "bits")
 
 
 def _check_unit(unit: str) -> None:
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    choice("unit", unit, UNITS)
 
 
 def _check_pair(logits: torch.Tensor, targets: torch.Tensor) -> None:
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError(f"logits must be a floating-point torch.Tensor, got {type(logits).__name__}")
-    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
-        raise TypeError(f"targets must be an integer torch.Tensor of token ids, got {getattr(targets, 'dtype', type(targets))}")
+    tensor("logits", logits, kind="float")
+    tensor("targets", targets, kind="int")
     if logits.ndim < 2 or logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits [..., seq_len, vocab] and targets [..., seq_len] must agree, got logits "
                          f"{tuple(logits.shape)} and targets {tuple(targets.shape)}")
@@ -177,13 +175,9 @@ def score_windows(n_tokens: int, window: int = 512, stride: int | None = None) -
     >>> [(w.input_start, w.input_end, w.targets_start) for w in score_windows(8, window=4, stride=2)]
     [(0, 2, 1), (0, 4, 3), (2, 6, 5), (3, 7, 7)]
     """
-    stride = window if stride is None else stride
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an int >= 1 (tokens per forward pass), got {window!r}")
-    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
-        raise ValueError(f"stride must be an int in [1, window={window}], got {stride!r}")
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 2:
-        raise ValueError(f"n_tokens must be an int >= 2 (a context token and a target), got {n_tokens!r}")
+    window = integer("window", window, min=1, note="tokens per forward pass")
+    stride = window if stride is None else integer("stride", stride, min=1, max=window, note="at most window")
+    n_tokens = integer("n_tokens", n_tokens, min=2, note="a context token and a target")
     windows = []
     for targets_start in range(1, n_tokens, stride):
         input_end = min(targets_start + stride, n_tokens) - 1  # the block's last target is input_end
@@ -248,11 +242,9 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
     """
     from tqdm.auto import tqdm
 
-    if not isinstance(token_ids, torch.Tensor) or token_ids.ndim != 1:
-        raise ValueError(f"token_ids must be a 1-D tensor [n_tokens], got {getattr(token_ids, 'shape', token_ids)!r}")
-    for temperature in temperatures:
-        if not (isinstance(temperature, (int, float)) and temperature > 0):
-            raise ValueError(f"temperatures must be numbers > 0, got {temperature!r}")
+    tensor("token_ids", token_ids, kind="int", ndim=1, shape="[n_tokens]")
+    for index, temperature in enumerate(temperatures):
+        real(f"temperatures[{index}]", temperature, min=0, min_open=True)
     truncations = dict(truncations or {})
     module = _unwrap(model)
     n_tokens = int(token_ids.numel())

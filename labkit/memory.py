@@ -14,12 +14,12 @@ or context) is ``labkit.budget``; presets of real models and GPUs ``labkit.prese
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import Any
 
 from labkit.resources import GB, GIB  # defined once for the whole workbook
 from labkit.spec import ModelSpec
+from labkit.validation import boolean, choice, fail, instance, integer, real
 
 MIB = 2**20  # binary mebibyte, for small tensors
 
@@ -27,33 +27,8 @@ MIB = 2**20  # binary mebibyte, for small tensors
 FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
 
 
-def check_count(name: str, value: Any, minimum: int = 0) -> int:
-    """A count argument validated at a public edge: an int (not a bool) >= minimum, returned as an int.
-
-    Shared by every accounting module (memory, budget, paging) so their messages read the same way.
-
-    >>> check_count("batch_size", 16)
-    16
-    >>> check_count("block_size", 0, minimum=1)
-    Traceback (most recent call last):
-    ...
-    ValueError: block_size must be an int >= 1, got 0
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
-
-
 def _spec(spec: Any) -> ModelSpec:
-    if not isinstance(spec, ModelSpec):
-        raise TypeError(f"spec must be a labkit.spec.ModelSpec, got {type(spec).__name__}")
-    return spec
+    return instance("spec", spec, ModelSpec, "a labkit.spec.ModelSpec")
 
 
 def format_bits(fmt: Any, name: str = "fmt") -> int:
@@ -63,7 +38,7 @@ def format_bits(fmt: Any, name: str = "fmt") -> int:
     (16, 4)
     """
     if not isinstance(fmt, str) or fmt.lower() not in FORMAT_BITS:
-        raise ValueError(f"{name} must be one of {sorted(FORMAT_BITS)}, got {fmt!r}")
+        choice(name, fmt, sorted(FORMAT_BITS))  # not a known name (any case): raises the shared message
     return FORMAT_BITS[fmt.lower()]
 
 
@@ -73,8 +48,7 @@ def to_gb(n_bytes: float) -> float:
     >>> to_gb(8_589_934_592)
     8.589934592
     """
-    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)):
-        raise TypeError(f"n_bytes must be a number, got {n_bytes!r}")
+    real("n_bytes", n_bytes, finite=False)
     return n_bytes / GB
 
 
@@ -84,8 +58,7 @@ def to_gib(n_bytes: float) -> float:
     >>> to_gib(8_589_934_592)
     8.0
     """
-    if isinstance(n_bytes, bool) or not isinstance(n_bytes, (int, float)):
-        raise TypeError(f"n_bytes must be a number, got {n_bytes!r}")
+    real("n_bytes", n_bytes, finite=False)
     return n_bytes / GIB
 
 
@@ -109,12 +82,12 @@ def stored_bytes(n_values: int, fmt: str, group_size: int | None = None, scale_b
     >>> stored_bytes(2**20, "int4", group_size=64) / MIB  # 0.5 MiB of codes + 16,384 two-byte scales
     0.53125
     """
-    n_values, bits = check_count("n_values", n_values), format_bits(fmt)
+    n_values, bits = integer("n_values", n_values, min=0), format_bits(fmt)
     payload = -(-n_values * bits // 8)
     if group_size is None:
         return payload
-    n_groups = -(-n_values // check_count("group_size", group_size, 1))
-    return payload + n_groups * check_count("scale_bytes", scale_bytes)
+    n_groups = -(-n_values // integer("group_size", group_size, min=1))
+    return payload + n_groups * integer("scale_bytes", scale_bytes, min=0)
 
 
 @dataclass(frozen=True)
@@ -129,9 +102,8 @@ class BlockLayout:
 
     def __post_init__(self) -> None:
         for name in ("gated_mlp", "linear_bias", "norm_bias", "qk_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        check_count("norms_per_layer", self.norms_per_layer)
+            boolean(name, getattr(self, name))
+        integer("norms_per_layer", self.norms_per_layer, min=0)
 
 
 LLAMA = BlockLayout()
@@ -148,7 +120,7 @@ def kv_heads_per_rank(spec: ModelSpec, tp: int = 1) -> int:
     >>> kv_heads_per_rank(spec, 2), kv_heads_per_rank(spec, 8)
     (1, 1)
     """
-    spec, tp = _spec(spec), check_count("tp", tp, 1)
+    spec, tp = _spec(spec), integer("tp", tp, min=1)
     if spec.n_heads % tp:
         raise ValueError(f"tp must divide n_heads ({spec.n_heads}) so every rank gets whole heads, got {tp}")
     if tp <= spec.n_kv_heads:
@@ -168,8 +140,7 @@ def check_shardable(spec: ModelSpec, layout: BlockLayout, tp: int) -> int:
     1
     """
     kv_heads = kv_heads_per_rank(spec, tp)
-    if not isinstance(layout, BlockLayout):
-        raise TypeError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    instance("layout", layout, BlockLayout, "a BlockLayout")
     if spec.d_ff is None:
         raise ValueError(f"spec.d_ff is None for {spec.name!r}: this count needs the MLP width")
     if spec.d_ff % tp:
@@ -244,7 +215,7 @@ def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = N
     >>> weights_bytes(spec, "int4"), weights_bytes(spec, "int4", group_size=100)  # 500 + 10 scales of 2 B
     (500, 520)
     """
-    spec, tp = _spec(spec), check_count("tp", tp, 1)
+    spec, tp = _spec(spec), integer("tp", tp, min=1)
     if tp == 1 and spec.n_params is not None:
         n_values = spec.n_params
     else:
@@ -277,7 +248,7 @@ def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str
     >>> kv_cache_bytes(spec, batch_size=16, seq_len=4096, kv_dtype="fp16") / GIB  # the worked example
     8.0
     """
-    batch_size, seq_len = check_count("batch_size", batch_size), check_count("seq_len", seq_len)
+    batch_size, seq_len = integer("batch_size", batch_size, min=0), integer("seq_len", seq_len, min=0)
     return batch_size * seq_len * kv_bytes_per_token(spec, kv_dtype, tp)
 
 
@@ -304,7 +275,7 @@ def sparse_2_4_bytes(rows: int, cols: int, fmt: str = "bf16") -> Sparse24Bytes:
     >>> sparse_2_4_bytes(4096, 4096).total_bytes  # 8,388,608 x 2 B + 8,388,608 x 2 bit
     18874368
     """
-    rows, cols = check_count("rows", rows, 1), check_count("cols", cols, 4)
+    rows, cols = integer("rows", rows, min=1), integer("cols", cols, min=4)
     if cols % 4:
         raise ValueError(f"cols must be a multiple of 4 (groups of four along a row), got {cols}")
     kept = rows * cols // 2
@@ -337,7 +308,7 @@ def measured_kv_cache_bytes(cache: Any) -> int:
     try:
         layers = list(layers)
     except TypeError:
-        raise TypeError(f"cache must be a transformers Cache or a sequence of (key, value), got {cache!r}") from None
+        raise fail(TypeError, "cache", "a transformers Cache or a sequence of (key, value)", cache) from None
     total = 0
     for layer in layers:
         tensors = (layer.keys, layer.values) if hasattr(layer, "values") and hasattr(layer, "keys") else layer

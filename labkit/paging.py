@@ -15,8 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from labkit.memory import check_count, kv_bytes_per_token
+from labkit.memory import kv_bytes_per_token
 from labkit.spec import ModelSpec
+from labkit.validation import choice, fail, integer
 
 POLICIES = ("contiguous", "paged")
 
@@ -29,8 +30,8 @@ class Request:
     output_len: int  # tokens generated, each cached as it is produced
 
     def __post_init__(self) -> None:
-        check_count("prompt_len", self.prompt_len, 1)
-        check_count("output_len", self.output_len)
+        integer("prompt_len", self.prompt_len, min=1)
+        integer("output_len", self.output_len, min=0)
 
     @property
     def total_len(self) -> int:
@@ -44,11 +45,13 @@ def request_stream(n_requests: int, seed: int = 0, prompt_len: tuple[int, int] =
     >>> [r.total_len for r in request_stream(3, prompt_len=(10, 10), output_len=(5, 5))]
     [15, 15, 15]
     """
-    n_requests, seed = check_count("n_requests", n_requests), check_count("seed", seed)
+    n_requests, seed = integer("n_requests", n_requests, min=0), integer("seed", seed, min=0)
     for name, bounds in {"prompt_len": prompt_len, "output_len": output_len}.items():
-        if not isinstance(bounds, (tuple, list)) or len(bounds) != 2:
-            raise ValueError(f"{name} must be a (low, high) pair, got {bounds!r}")
-        if check_count(f"{name}[0]", bounds[0], 1) > check_count(f"{name}[1]", bounds[1], 1):
+        if not isinstance(bounds, (tuple, list)):
+            raise fail(TypeError, name, "a (low, high) pair", bounds)
+        if len(bounds) != 2:
+            raise fail(ValueError, name, "a (low, high) pair", bounds)
+        if integer(f"{name}[0]", bounds[0], min=1) > integer(f"{name}[1]", bounds[1], min=1):
             raise ValueError(f"{name} must be a (low, high) range with low <= high, got {bounds!r}")
     rng = np.random.default_rng(seed)
     prompts = rng.integers(prompt_len[0], prompt_len[1], size=n_requests, endpoint=True)
@@ -101,16 +104,15 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
     >>> r.used_bytes, r.last_block_bytes, r.reserved_bytes
     (68, 60, 128)
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    choice("policy", policy, POLICIES)
     requests = list(requests)
     if not all(isinstance(r, Request) for r in requests):
-        raise TypeError("requests must be a sequence of labkit.paging.Request")
-    block_size = check_count("block_size", block_size, 1)
+        raise fail(TypeError, "requests", "a sequence of labkit.paging.Request", requests)
+    block_size = integer("block_size", block_size, min=1)
     longest = max((r.total_len for r in requests), default=0)
     if max_seq_len is None:
         max_seq_len = longest
-    elif check_count("max_seq_len", max_seq_len, 1) < longest:
+    elif integer("max_seq_len", max_seq_len, min=1) < longest:
         raise ValueError(f"max_seq_len must be >= the longest request ({longest} tokens), got {max_seq_len}")
     token_bytes = kv_bytes_per_token(spec, kv_dtype)
 
@@ -119,7 +121,7 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
     waste = sum(reserved) - used
     requests_fit = None
     if kv_budget_bytes is not None:
-        kv_budget_bytes, requests_fit, held = check_count("kv_budget_bytes", kv_budget_bytes), 0, 0
+        kv_budget_bytes, requests_fit, held = integer("kv_budget_bytes", kv_budget_bytes, min=0), 0, 0
         for tokens in reserved:
             if held + tokens * token_bytes > kv_budget_bytes:
                 break

@@ -5,7 +5,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from labkit.memory import (
-    GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, check_count, format_bits, kv_bytes_per_token, kv_cache_bytes,
+    GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, format_bits, kv_bytes_per_token, kv_cache_bytes,
     kv_heads_per_rank, measured_kv_cache_bytes, param_breakdown, param_count, params_12d2, sparse_2_4_bytes,
     stored_bytes, to_gb, to_gib, weights_bytes,
 )
@@ -227,17 +227,18 @@ def test_2_4_sparse_projection_is_56_percent_of_dense():
     (lambda: kv_cache_bytes(TOY, 1, 8, "e4m3"), ValueError, r"kv_dtype must be one of .*'e4m3'"),
     (lambda: BlockLayout(gated_mlp="yes"), TypeError, r"gated_mlp must be a bool, got 'yes'"),
     (lambda: kv_cache_bytes(TOY, -1, 8), ValueError, r"batch_size must be an int >= 0, got -1"),
-    (lambda: kv_cache_bytes(TOY, 1.5, 8), TypeError, r"batch_size must be an int, got 1.5"),
+    (lambda: kv_cache_bytes(TOY, 1.5, 8), TypeError, r"batch_size must be an int >= 0, got 1.5"),
+    (lambda: kv_cache_bytes(TOY, True, 8), TypeError, r"batch_size must be an int >= 0, got True"),
+    (lambda: kv_cache_bytes(TOY, "8", 8), TypeError, r"batch_size must be an int >= 0, got '8'"),
+    (lambda: bytes_per_value(16), TypeError, r"fmt must be one of \['bf16', .*got 16"),
     (lambda: kv_cache_bytes({"n_layers": 2}, 1, 8), TypeError, r"spec must be a labkit.spec.ModelSpec"),
     (lambda: stored_bytes(10, "int4", group_size=0), ValueError, r"group_size must be an int >= 1, got 0"),
     (lambda: param_count(dataclasses.replace(TOY, d_ff=None)), ValueError, r"spec.d_ff is None for 'toy'"),
-    (lambda: param_count(TOY, layout="llama"), TypeError, r"layout must be a BlockLayout, got str"),
+    (lambda: param_count(TOY, layout="llama"), TypeError, r"layout must be a BlockLayout, got 'llama'"),
     (lambda: sparse_2_4_bytes(4, 6), ValueError, r"cols must be a multiple of 4 .*got 6"),
     (lambda: model_preset("gpt-5"), ValueError, r"name must be one of \['Falcon-7B', .*got 'gpt-5'"),
     (lambda: gpu_preset("V100"), ValueError, r"gpu must be one of \['A100-40GB', .*got 'V100'"),
     (lambda: measured_kv_cache_bytes(3), TypeError, r"cache must be a transformers Cache"),
-    (lambda: check_count("n_values", True), TypeError, r"n_values must be an int, got True"),
-    (lambda: check_count("seq_len", "8"), TypeError, r"seq_len must be an int, got '8' \(str\)"),
     (lambda: format_bits("int3", "weight_fmt"), ValueError, r"weight_fmt must be one of .*got 'int3'"),
 ])
 def test_errors_name_argument_value_and_choices(call, error, match):

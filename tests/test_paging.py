@@ -68,14 +68,15 @@ def test_paged_waste_is_less_than_one_block_per_request(stream, block_size):
 
 @pytest.mark.parametrize("call,error,match", [
     (lambda: simulate_kv_allocation([], FOUR_BYTES, "buddy"), ValueError,
-     r"policy must be one of \('contiguous', 'paged'\), got 'buddy'"),
+     r"policy must be one of \['contiguous', 'paged'\], got 'buddy'"),
     (lambda: simulate_kv_allocation([Request(1, 1)], FOUR_BYTES, "paged", block_size=0), ValueError,
      r"block_size must be an int >= 1, got 0"),
     (lambda: simulate_kv_allocation([Request(40, 1)], FOUR_BYTES, "contiguous", max_seq_len=32), ValueError,
      r"max_seq_len must be >= the longest request \(41 tokens\), got 32"),
-    (lambda: simulate_kv_allocation([(1, 2)], FOUR_BYTES, "paged"), TypeError, r"requests must be a sequence"),
+    (lambda: simulate_kv_allocation([(1, 2)], FOUR_BYTES, "paged"), TypeError, r"requests must be a sequence of labkit.paging.Request, got \[\(1, 2\)\]"),
     (lambda: request_stream(3, prompt_len=(9, 5)), ValueError, r"prompt_len must be a \(low, high\) range"),
-    (lambda: request_stream(3, output_len=5), ValueError, r"output_len must be a \(low, high\) pair, got 5"),
+    (lambda: request_stream(3, output_len=5), TypeError, r"output_len must be a \(low, high\) pair, got 5"),
+    (lambda: request_stream(3, output_len=(1, 2, 3)), ValueError, r"output_len must be a \(low, high\) pair"),
     (lambda: Request(0, 3), ValueError, r"prompt_len must be an int >= 1, got 0"),
 ])
 def test_errors_name_argument_and_value(call, error, match):

@@ -33,11 +33,12 @@ def test_from_transformers_config_object():
     assert (spec.n_layers, spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim) == (2, 64, 4, 2, 16)
 
 
-@pytest.mark.parametrize("field,value", [("n_layers", 0), ("head_dim", -1), ("vocab", 2.5), ("d_model", True)])
-def test_rejects_non_positive_or_non_int_sizes(field, value):
+@pytest.mark.parametrize("field,value,error", [("n_layers", 0, ValueError), ("head_dim", -1, ValueError),
+                                               ("vocab", 2.5, TypeError), ("d_model", True, TypeError)])
+def test_rejects_non_positive_or_non_int_sizes(field, value, error):
     kwargs = dict(name="x", n_layers=2, d_model=8, n_heads=4, n_kv_heads=2, head_dim=2, vocab=10)
     kwargs[field] = value
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(error, match=f"{field} must be an int >= 1, got {value!r}"):
         ModelSpec(**kwargs)
 
 
