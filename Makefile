@@ -26,8 +26,12 @@ $(STAMP): pyproject.toml constraints.txt
 lab: setup
 	$(VENV)/bin/jupyter lab $(ROOT_FLAG) --notebook-dir=notebooks $(LAB_ARGS)
 
+# Notebooks run in parallel, one notebook per worker (--dist loadscope keeps its cells together), each worker and
+# each solution notebook's kernel with one thread (tests/conftest.py); learner notebooks keep the default thread
+# count, so every checked output is proven at two thread counts.
+TEST_JOBS ?= auto
 test: setup
-	$(PY) -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --durations 15 --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # Instructor: regenerate learner notebooks from notebooks/solutions and execute both so they carry outputs.
 notebooks: setup

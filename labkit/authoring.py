@@ -12,8 +12,8 @@ and the learner copy gets, at the marker's indentation::
     def softmax(logits):
         raise NotImplementedError("your code here")
 
-Everything else (markdown, other code, metadata) is copied unchanged. Notebooks are then executed so the
-committed files carry outputs and render on a code host.
+Everything else (markdown, other code, metadata, cell tags such as nbval's ``nbval-check-output``) is copied
+unchanged. Notebooks are then executed so the committed files carry outputs and render on a code host.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from pathlib import Path
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("your code here")'
+# The kernelspec JupyterLab writes for a plain ipykernel; with any other display name a notebook shows as modified
+# the moment it is opened.
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (BEGIN|END) SOLUTION)[ \t]*$")
 
 
@@ -59,6 +62,7 @@ def strip_solutions(source: str) -> str:
 def learner_version(notebook):
     """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode)."""
     learner = copy.deepcopy(notebook)
+    learner.metadata["kernelspec"] = dict(KERNELSPEC)
     for cell in learner.cells:
         if cell.cell_type != "code":
             continue
@@ -98,13 +102,15 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
         if only and solution_path.name not in only:
             continue
         solution = nbformat.read(solution_path, as_version=4)
+        solution.metadata["kernelspec"] = dict(KERNELSPEC)
         learner = learner_version(solution)
         learner_path = root / "notebooks" / solution_path.name
         if execute_notebooks:
             print(f"executing {solution_path.relative_to(root)}")
-            nbformat.write(execute(solution, cwd=solutions_dir), solution_path)
+            execute(solution, cwd=solutions_dir)
             print(f"executing {learner_path.relative_to(root)}")
             execute(learner, cwd=learner_path.parent)
+        nbformat.write(solution, solution_path)
         nbformat.write(learner, learner_path)
         written.append(learner_path)
     return written

@@ -247,6 +247,14 @@ def cache_problem(directory: Path, expected_header: dict[str, Any]) -> str | Non
     return None
 
 
+def dequantize_gguf(gguf: Path):
+    """The model of a GGUF file with every weight dequantized to FP32, as transformers reads it (the slow step)."""
+    import transformers
+
+    with _quiet_transformers():
+        return transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+
+
 def _convert_to_cache(source: ModelSource, header: dict[str, Any], progress: bool) -> None:
     """Dequantize the GGUF once and write config, tokenizer and safetensors weights atomically."""
     import safetensors.torch
@@ -264,10 +272,7 @@ def _convert_to_cache(source: ModelSource, header: dict[str, Any], progress: boo
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         steps.update()
         steps.set_postfix_str("dequantizing weights")
-        with _quiet_transformers():
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, local_files_only=True
-            )
+        model = dequantize_gguf(gguf)
         steps.update()
         steps.set_postfix_str("writing safetensors")
         config = model.config.to_dict()

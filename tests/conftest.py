@@ -1,4 +1,4 @@
-"""Shared test set-up: no network for anything the tests start, notebook kernels included."""
+"""Shared test set-up: no network for anything the tests start, and a thread count per notebook kernel."""
 
 import os
 import tempfile
@@ -11,6 +11,36 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Exercise checks run by the tests (and by the notebooks under nbval) save progress here, not in the user's file.
 os.environ["LABKIT_PROGRESS"] = str(Path(tempfile.mkdtemp(prefix="labkit-progress-")) / "progress.json")
+
+# Under pytest-xdist every worker is one process on a machine shared with the others: one torch thread each, or
+# two workers' thread pools fight over the cores (measured here: one notebook ran 8x slower).
+IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_INHERITED_THREADS = os.environ.get("OMP_NUM_THREADS")  # the caller's choice, restored for learner notebooks
+if IN_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def notebook_threads(path: Path) -> str | None:
+    """The OMP_NUM_THREADS a notebook's kernel gets: 1 for solutions, the machine's default for learner copies.
+
+    Solution and learner notebook print the same checked outputs, so running the two twins at different thread
+    counts (which changes the order of float reductions, as another CPU does) proves those outputs hold on both.
+    """
+    return "1" if path.parent.name == "solutions" else _INHERITED_THREADS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # nbval starts a notebook's kernel while setting up its first cell, with this process's environment.
+    if item.path.suffix == ".ipynb":
+        threads = notebook_threads(item.path)
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.authoring import STUB, learner_version, strip_solutions
+from labkit.authoring import KERNELSPEC, STUB, learner_version, strip_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
@@ -55,3 +55,19 @@ def test_solutions_have_answers_and_learner_copies_do_not(solution_path):
         code = [c for c in notebook.cells if c.cell_type == "code"]
         assert all(c.execution_count is not None for c in code)
         assert sum(bool(c.outputs) for c in code) >= len(code) // 2
+
+
+@pytest.mark.parametrize("solution_path", SOLUTIONS, ids=lambda p: p.name)
+def test_check_markers_are_cell_tags_that_the_learner_copy_keeps(solution_path):
+    solution = nbformat.read(solution_path, as_version=4)
+    committed = nbformat.read(ROOT / "notebooks" / solution_path.name, as_version=4)
+    assert not any("NBVAL" in c.source for c in solution.cells), "use the nbval-check-output cell tag, not a comment"
+    tags = [c.metadata.get("tags", []) for c in solution.cells]
+    assert any("nbval-check-output" in t for t in tags)
+    assert tags == [c.metadata.get("tags", []) for c in learner_version(solution).cells]
+    assert tags == [c.metadata.get("tags", []) for c in committed.cells]
+
+
+def test_learner_and_solution_carry_the_kernelspec_jupyterlab_writes():
+    for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
+        assert nbformat.read(path, as_version=4).metadata["kernelspec"] == KERNELSPEC, path.name

@@ -54,15 +54,16 @@ def test_sample_rejects_bad_arguments(embedded):
         embedded.sample("x", n=0)
 
 
-def test_cached_weights_equal_a_direct_gguf_load(embedded):
-    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
-    import transformers
+@pytest.fixture(scope="module")
+def direct_gguf_model():
+    """The embedded model dequantized straight from its GGUF file in this run (the slow step, done once here)."""
+    return models.dequantize_gguf(models.gguf_path(known_models()["smollm2-135m"]))
 
-    source = known_models()["smollm2-135m"]
-    gguf = models.gguf_path(source)
-    direct = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+def test_cached_weights_equal_a_direct_gguf_load(embedded, direct_gguf_model):
+    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
     cached = embedded.model.state_dict()
-    for name, tensor in direct.state_dict().items():
+    for name, tensor in direct_gguf_model.state_dict().items():
         assert torch.equal(tensor, cached[name]), name
 
 
@@ -109,8 +110,12 @@ def _truncate(path):
     return True
 
 
-def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(cache_copy, monkeypatch, capsys):
+def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(cache_copy, monkeypatch, capsys,
+                                                                                direct_gguf_model):
     source, directory, _ = cache_copy
+    # Both conversions below dequantize through the model this run already read from the GGUF file (the test above
+    # checks that step); everything after it (writing, checksums, the atomic rename, reloading) runs for real.
+    monkeypatch.setattr(models, "dequantize_gguf", lambda gguf: direct_gguf_model)
     _truncate(directory / "model.safetensors")
     before = sorted(p.name for p in directory.parent.iterdir())
 
