@@ -150,7 +150,8 @@ def _run(notebook: Any, cwd: Path, cell_timeout_s: int, env: dict[str, str], lim
 
         client.on_notebook_start = on_kernel_start
         try:
-            with open(log, "ab") as kernel_output:  # what the kernel prints outside cells: not the instructor's terminal
+            # What the kernel prints outside cells goes to a log, not into the instructor's terminal.
+            with open(log, "ab") as kernel_output:
                 client.execute(env=env, stdout=kernel_output, stderr=kernel_output)
         except DeadKernelError:
             return notebook, current["index"], _death(current["process"], limits), confinement.describe()

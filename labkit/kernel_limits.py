@@ -3,7 +3,8 @@
 The grader starts each submission's kernel through this launcher, which applies the limits to itself and then
 execs the kernel, so the kernel and everything it forks inherit them::
 
-    python -m labkit.kernel_limits --memory-mb 4096 --cpu-seconds 900 [--cgroup DIR] -- python -m ipykernel_launcher -f ...
+    python -m labkit.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 [--cgroup DIR] \\
+        -- python -m ipykernel_launcher -f ...
 
 What is enforced, and how:
 

@@ -161,7 +161,8 @@ def test_a_class_is_graded_in_parallel_within_limits(tmp_path, embedded):
     assert list(rows) == ["alice", "bob", "carol", "dave", "eve"]
     assert [(rows[n]["00.softmax_temperature"], rows[n]["total"], rows[n]["max"]) for n in rows] == [
         ("2", "2", "2"), ("0", "0", "2"), ("0", "0", "2"), ("2", "2", "2"), ("", "0", "0")]
-    assert "NotJSONError" in rows["eve"]["notes"] and "NotJSONError" in json.loads((out / "eve.json").read_text())["error"]
+    assert "NotJSONError" in rows["eve"]["notes"]
+    assert "NotJSONError" in json.loads((out / "eve.json").read_text())["error"]
 
     # The same submission graded twice, in two kernels: the same random cases, the same verdict.
     bob, carol = (json.loads(p.read_text()) for p in (out / "bob.json", out / "carol" / "00_start_here.json"))
@@ -202,7 +203,8 @@ def test_the_same_seed_gives_the_same_grade_and_the_seed_follows_the_code():
 
 
 def test_the_launcher_limits_memory_and_cpu_time():
-    burn = "try:\n    bytearray(50 * 2**30)\nexcept MemoryError:\n    print('MemoryError', flush=True)\nwhile True:\n    pass"
+    burn = ("try:\n    bytearray(50 * 2**30)\nexcept MemoryError:\n    print('MemoryError', flush=True)\n"
+            "while True:\n    pass")
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "labkit.kernel_limits", "--memory-mb", "512", "--cpu-seconds", "1",
                              "--max-procs", "64", "--", sys.executable, "-c", burn],
