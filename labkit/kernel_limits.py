@@ -11,6 +11,8 @@ What is enforced, and how:
 - **memory**: ``RLIMIT_AS``, the address space of each process. A request beyond it fails at once (``MemoryError``
   in Python, ``RuntimeError`` from torch) before any page is touched, so a 50 GB allocation costs nothing. It is per
   process: a kernel that forks children may use that much again in each of them (their number is bounded below).
+  Address space counts reservations too (glibc reserves 64 MB per thread's malloc arena), which is one reason the
+  grader runs kernels with one torch thread.
 - **CPU time**: ``RLIMIT_CPU``, CPU seconds of each process over the whole run. At the limit the kernel receives
   SIGXCPU (SIGKILL five seconds later) and dies in that cell; the grader reports why and skips the cell.
 - **processes**: a cgroup of the ``pids`` controller made for each kernel (``pids.max``, removed afterwards); a fork

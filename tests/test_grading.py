@@ -135,7 +135,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has ended; only its parent (init here) has yet to collect it
 
 
-def test_a_class_is_graded_in_parallel_within_limits(tmp_path, embedded):
+def test_a_class_is_graded_in_parallel_within_limits(tmp_path):
     solution = nbformat.read(ROOT / "notebooks" / "solutions" / "00_start_here.ipynb", as_version=4)
     answer = next(c.source for c in solution.cells if "def softmax_with_temperature" in c.source)
     with Confinement(Limits(max_procs=64)) as probe:
