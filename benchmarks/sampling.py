@@ -2,8 +2,10 @@
 sampling explorer's update latency (what one slider move costs in Python).
 
 Two batches: the embedded model's next-token logits at 64 positions of a text (peaked, like real decoding) and
-random normal logits (flat: long nuclei, the sort cannot be skipped). Medians over runs; ratio = labkit time /
-transformers time (below 1: labkit is faster). Run: ``python -m benchmarks.sampling``.
+random normal logits (flat: long nuclei). Each row times labkit and transformers in the same loop, one call of each
+per run in alternating order, so that a busy machine slows both alike; medians over runs; ratio = labkit time /
+transformers time (below 1: labkit is faster). Compare ratios, not times, between machines or runs.
+Run: ``python -m benchmarks.sampling``.
 """
 
 from __future__ import annotations
@@ -15,21 +17,26 @@ import torch
 
 BATCH_SIZE = 64
 TEXT = ("The lighthouse keeper climbed the spiral stairs every evening to light the lamp. Ships passing the rocky "
-        "coast relied on its beam, and on stormy nights he stayed awake until dawn, watching the waves.")
+        "coast relied on its beam, and on stormy nights he stayed awake until dawn, watching the waves. In the "
+        "morning he wrote the weather in a thick logbook, cleaned the brass and the great lens, and walked down to "
+        "the village for bread, fish and the news that the supply boat brought once a week.")
 
 
-def _median_ms(fn, runs: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
+def _median_ms_pair(ours, theirs, runs: int) -> tuple[float, float]:
+    """Median ms of each function, timed alternately (ours first on even runs, theirs first on odd runs)."""
+    ours(), theirs()  # warm-up
+    times = {ours: [], theirs: []}
+    for run in range(runs):
+        for fn in (ours, theirs) if run % 2 == 0 else (theirs, ours):
+            started = time.perf_counter()
+            fn()
+            times[fn].append(time.perf_counter() - started)
+    return statistics.median(times[ours]) * 1e3, statistics.median(times[theirs]) * 1e3
 
 
 def _model_logits(lm) -> torch.Tensor:
     ids = lm.tokenizer(TEXT, return_tensors="pt")["input_ids"][:, :BATCH_SIZE]  # [1, 64]
+    assert ids.shape[1] == BATCH_SIZE, f"TEXT has {ids.shape[1]} tokens, fewer than the batch of {BATCH_SIZE}"
     with torch.inference_mode():
         return lm.model(ids).logits[0].float().clone()  # [64, vocab]: one next-token row per position
 
@@ -46,6 +53,8 @@ def _filter_rows(logits: torch.Tensor):
     return [
         ("temperature 0.7", lambda: sampling.apply_temperature(logits, 0.7),
          lambda: TemperatureLogitsWarper(0.7)(None, logits)),
+        ("temperature 1.5", lambda: sampling.apply_temperature(logits, 1.5),
+         lambda: TemperatureLogitsWarper(1.5)(None, logits)),
         ("top-k 50", lambda: sampling.top_k_filter(logits, 50), lambda: TopKLogitsWarper(50)(None, logits)),
         ("top-p 0.9", lambda: sampling.top_p_filter(logits, 0.9), lambda: TopPLogitsWarper(0.9)(None, logits)),
         ("min-p 0.05", lambda: sampling.min_p_filter(logits, 0.05), lambda: MinPLogitsWarper(0.05)(None, logits)),
@@ -71,7 +80,7 @@ def _explorer_latency_ms(lm, moves: int) -> list[float]:
     return times
 
 
-def main(runs: int = 15, moves: int = 200) -> None:
+def main(runs: int = 41, moves: int = 200) -> None:
     from labkit.models import load_model
 
     lm = load_model(progress=False)
@@ -79,12 +88,12 @@ def main(runs: int = 15, moves: int = 200) -> None:
     batches = [("model logits", _model_logits(lm)),
                ("random logits", torch.randn(BATCH_SIZE, vocab, generator=torch.Generator().manual_seed(0)) * 2)]
     print(f"filters on a [{BATCH_SIZE}, {vocab}] float32 batch; torch threads: {torch.get_num_threads()}; "
-          f"median of {runs} runs")
+          f"median of {runs} alternating runs")
     print(f"{'batch':<14} {'filter':<32} {'labkit ms':>10} {'transformers ms':>16} {'ratio':>7} "
           f"{'rows/s (labkit)':>16}")
     for batch_name, logits in batches:
         for name, ours, theirs in _filter_rows(logits):
-            ours_ms, theirs_ms = _median_ms(ours, runs), _median_ms(theirs, runs)
+            ours_ms, theirs_ms = _median_ms_pair(ours, theirs, runs)
             print(f"{batch_name:<14} {name:<32} {ours_ms:>10.2f} {theirs_ms:>16.2f} {ours_ms / theirs_ms:>7.2f} "
                   f"{BATCH_SIZE / ours_ms * 1e3:>16,.0f}")
     print()
