@@ -6,7 +6,9 @@ a new tensor (the input is never modified). The pipeline, in reading order::
     apply_temperature -> top_k_filter -> top_p_filter -> min_p_filter -> softmax -> sample
 
 Filters return logits with the removed entries at ``-inf``; a later softmax renormalizes over what is left.
-Entries already at ``-inf`` (removed by an earlier step) are allowed; ``+inf`` and ``NaN`` are not.
+Entries already at ``-inf`` (removed by an earlier step) are allowed; ``+inf`` and ``NaN`` are not. Each step
+reads them from a row maximum it computes anyway (no extra pass); ``apply_temperature`` at ``T > 0`` is a bare
+division and leaves them to the next step.
 
 The rules, written down once and tested exactly at their boundaries:
 
@@ -24,6 +26,8 @@ The rules, written down once and tested exactly at their boundaries:
   tolerance (1e-6, about 17 float32 steps just below 1) makes a prefix whose exact mass *is* ``p`` count as
   reaching it even when rounding leaves it a hair short or long, e.g. logits ``log 8, log 4, log 2, log 1`` at
   ``p = 4/5`` keep exactly two tokens in float32 and in float64. ``p == 1`` switches the filter off.
+  :func:`top_p_filter_reference` is this rule as written (one full sort); :func:`top_p_filter` is a fast path
+  that sorts only the tokens near the cut, and is tested equal to it.
 - **Min-p** keeps the tokens whose probability is at least ``min_p`` times the largest one (Nguyen et al.,
   2024; transformers' ``MinPLogitsWarper``). Exactly: since ``p_i / p_max = exp(z_i - z_max)``, a token is kept
   when ``z_i - z_max >= log(min_p) - MIN_P_TOLERANCE`` (a relative slack of about 1e-6 on the ratio), so logits
