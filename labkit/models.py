@@ -36,7 +36,9 @@ from urllib.parse import urlparse
 from labkit.resources import cache_root, load_json
 from labkit.spec import ModelSpec
 
-CACHE_FORMAT = 1  # bump when the cache layout changes; older caches are rebuilt
+# Bump when the cache layout changes; older caches are rebuilt. 2: safetensors "format" metadata and the tied
+# embedding stored under its embedding name (transformers 4.x refused format 1 or left the matrix on "meta").
+CACHE_FORMAT = 2
 MANIFEST = "manifest.json"
 EMBEDDED = "smollm2-135m"
 
@@ -94,68 +96,64 @@ class LoadedModel:
         )
         return encoded["input_ids"]  # [1, seq_len]
 
-    def chat(self, prompt: str, max_new_tokens: int = 40) -> str:
-        """The model's greedy reply to one user message.
+    def text_ids(self, text: str):
+        """Token ids of plain text, ``[1, seq_len]``, with no special tokens added.
 
-        Greedy (``do_sample=False``) removes sampling randomness; the reply is the same on every run with
-        the same weights and kernels.
+        The one way labkit encodes plain text: some tokenizer versions put a beginning-of-sequence token before
+        it by default (transformers 4.57 does for this model, 5.x does not), which changes every loss and
+        continuation computed from it.
         """
-        import torch
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
 
-        input_ids = self.chat_ids(prompt)
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=False,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=self.tokenizer.eos_token_id,
-            )
-        return self.tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True).strip()
+    def prompt_ids(self, prompt: str):
+        """A one-turn chat for chat models, plain text otherwise: ``[1, seq_len]``."""
+        return self.chat_ids(prompt) if self.source.chat else self.text_ids(prompt)
+
+    def chat(self, prompt: str, max_new_tokens: int = 40) -> str:
+        """The model's greedy reply to one user message (labkit's generation loop at temperature 0).
+
+        Greedy removes sampling randomness; the reply is the same on every run with the same weights and kernels,
+        and equal token for token to transformers' ``generate(do_sample=False)`` (a test checks it).
+        """
+        from labkit.generation import generate
+
+        input_ids = self.prompt_ids(prompt)
+        result = generate(self, input_ids, max_new_tokens, eos_token_id=self.tokenizer.eos_token_id)
+        return self.tokenizer.decode(result.new_token_ids[0], skip_special_tokens=True).strip()
 
     def sample(self, prompt: str, n: int = 3, seed: int = 0, temperature: float = 1.0, max_new_tokens: int = 20):
         """``n`` sampled replies (chat models) or continuations, reproducible for a seed on this machine.
 
-        Pure temperature sampling: top-k and top-p are switched off explicitly, because transformers'
-        generation defaults would otherwise quietly add a top-k filter.
+        Pure temperature sampling through labkit's own loop with its own seeded generator (the global torch
+        seed is left alone); no top-k or top-p filter is added behind the learner's back.
         """
-        import torch
+        from labkit import validation
+        from labkit.generation import generate
 
-        if n < 1:
-            raise ValueError(f"n must be at least 1, got {n!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0 for sampling (use chat() for greedy), got {temperature!r}")
-        if self.source.chat:
-            input_ids = self.chat_ids(prompt)
-        else:
-            input_ids = self.tokenizer(prompt, return_tensors="pt")["input_ids"]
-        torch.manual_seed(seed)
-        with torch.inference_mode():
-            output = self.model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
-                num_return_sequences=n,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=self.tokenizer.eos_token_id,
-            )
-        return [self.tokenizer.decode(row[input_ids.shape[1] :], skip_special_tokens=True) for row in output]
+        validation.integer("n", n, min=1)
+        validation.real("temperature", temperature, min=0, min_open=True, note="use chat() for greedy")
+        input_ids = self.prompt_ids(prompt).expand(n, -1)  # n copies of the prompt, one row per sample
+        result = generate(self, input_ids, max_new_tokens, temperature=temperature, seed=seed,
+                          eos_token_id=self.tokenizer.eos_token_id)
+        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
 
 
 _loaded: dict[tuple[str, str], LoadedModel] = {}
 
 
-def load_model(name: str = EMBEDDED, *, reuse: bool = True, progress: bool = True) -> LoadedModel:
+def load_model(name: str = EMBEDDED, *, reuse: bool = True, progress: bool = True, copy: bool = False) -> LoadedModel:
     """Load a known model by short name; with no argument, the embedded SmolLM2-135M-Instruct, offline.
 
     ``reuse`` returns the model already loaded in this process (re-running a notebook cell is free).
+    ``copy=True`` returns a private copy to modify (quantize, prune) while the shared model stays pristine.
     """
     sources = known_models()
     if name not in sources:
         raise ValueError(f"name must be one of {sorted(sources)}, got {name!r}")
+    if copy:
+        from labkit.runtime import model_copy
+
+        return model_copy(load_model(name, reuse=reuse, progress=progress))
     key = (name, str(cache_root()))
     if reuse and key in _loaded:
         return _loaded[key]
@@ -255,6 +253,20 @@ def dequantize_gguf(gguf: Path):
         return transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
 
 
+def _weights_to_save(model) -> dict:
+    """The state dict to write: a tied output matrix is stored once, under the embedding's name.
+
+    transformers re-ties ``lm_head.weight`` to the embedding on load; a file that holds the matrix only under
+    ``lm_head.weight`` (what safetensors' ``save_model`` picks) leaves the embedding unloaded in transformers 4.x.
+    """
+    state = dict(model.state_dict())
+    embedding = model.get_input_embeddings()
+    embedding_name = next(f"{name}.weight" for name, module in model.named_modules() if module is embedding)
+    shared = embedding.weight.data_ptr()  # state_dict() gives new tensor objects: compare storage, not identity
+    return {name: tensor.contiguous() for name, tensor in state.items()
+            if name == embedding_name or tensor.data_ptr() != shared}
+
+
 def _convert_to_cache(source: ModelSource, header: dict[str, Any], progress: bool) -> None:
     """Dequantize the GGUF once and write config, tokenizer and safetensors weights atomically."""
     import safetensors.torch
@@ -269,7 +281,9 @@ def _convert_to_cache(source: ModelSource, header: dict[str, Any], progress: boo
     staging = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=target.parent))
     try:
         steps.set_postfix_str("reading tokenizer")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+        with _quiet_transformers():
+            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                   local_files_only=True)
         steps.update()
         steps.set_postfix_str("dequantizing weights")
         model = dequantize_gguf(gguf)
@@ -278,7 +292,9 @@ def _convert_to_cache(source: ModelSource, header: dict[str, Any], progress: boo
         config = model.config.to_dict()
         config.pop("quantization_config", None)  # the cache holds plain FP32 tensors, not a GGUF-quantized model
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        safetensors.torch.save_model(model, str(staging / "model.safetensors"))  # stores a tied matrix once
+        # "format": "pt" is the metadata transformers 4.x demands of a safetensors file.
+        safetensors.torch.save_file(_weights_to_save(model), str(staging / "model.safetensors"),
+                                    metadata={"format": "pt"})
         tokenizer.save_pretrained(staging)
         steps.update()
         steps.set_postfix_str("checksums")
@@ -319,14 +335,42 @@ def _load_embedded(source: ModelSource, progress: bool):
             print(notes[-1])
         _convert_to_cache(source, header, progress)
         origin = "converted"
-    with _quiet_transformers():
-        model = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    try:
+        model, tokenizer = _load_cache(directory)
+    except Exception as error:  # noqa: BLE001 - a cache that passes its manifest but does not load is rebuilt once
+        if origin == "converted":
+            raise
+        notes.append(f"Rebuilding the model cache at {directory}: it did not load ({type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else ''}).")
+        print(notes[-1])
+        _convert_to_cache(source, header, progress)
+        model, tokenizer = _load_cache(directory)
+        origin = "converted"
     return model, tokenizer, origin, notes
 
 
+def _load_cache(directory: Path):
+    """Model and tokenizer from a verified cache directory; an error when any parameter was left unloaded."""
+    import transformers
+
+    with _quiet_transformers():
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
+                                                                        output_loading_info=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    # A weight missing from the file is left on "meta" (transformers 4.x) or initialized at random (5.x).
+    unloaded = sorted(set(info.get("missing_keys", ())) | {
+        name for name, parameter in model.named_parameters() if parameter.device.type == "meta"})
+    if unloaded:
+        raise RuntimeError(f"{len(unloaded)} weights were not loaded from the cache file, e.g. {unloaded[0]}")
+    return model, tokenizer
+
+
 class _quiet_transformers:
-    """Silence transformers' logging inside a block (the GGUF path warns about things we handle)."""
+    """Silence transformers' logging and progress bars inside a block (the GGUF path warns about things we handle).
+
+    transformers 4.x draws its GGUF progress bar with tqdm directly, ignoring its own progress-bar switch; that
+    module's ``tqdm`` is replaced by a pass-through for the block (labkit shows its own bar of the conversion).
+    """
 
     def __enter__(self):
         import transformers
@@ -335,6 +379,15 @@ class _quiet_transformers:
         self._bars = transformers.utils.logging.is_progress_bar_enabled()
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
+        import importlib
+
+        try:
+            self._gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        except ImportError:
+            self._gguf = None
+        self._tqdm = getattr(self._gguf, "tqdm", None)
+        if self._tqdm is not None:
+            self._gguf.tqdm = lambda iterable=None, *args, **kwargs: iterable
 
     def __exit__(self, *exc):
         import transformers
@@ -342,6 +395,8 @@ class _quiet_transformers:
         transformers.logging.set_verbosity(self._level)
         if self._bars:
             transformers.utils.logging.enable_progress_bar()
+        if self._tqdm is not None:
+            self._gguf.tqdm = self._tqdm
 
 
 def clear_cache() -> Path:

@@ -48,10 +48,42 @@ def test_reuse_returns_the_same_object_and_sampling_is_seeded(embedded):
 
 
 def test_sample_rejects_bad_arguments(embedded):
-    with pytest.raises(ValueError, match="temperature must be > 0 .* got 0"):
+    with pytest.raises(ValueError, match=r"temperature must be a real number > 0 \(use chat\(\) for greedy\), got 0"):
         embedded.sample("x", temperature=0)
-    with pytest.raises(ValueError, match="n must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="n must be an int >= 1, got 0"):
         embedded.sample("x", n=0)
+    with pytest.raises(TypeError, match="n must be an int >= 1, got '2'"):
+        embedded.sample("x", n="2")
+
+
+def test_sampling_uses_its_own_generator_and_labkits_loop(embedded):
+    from labkit.generation import generate
+
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    replies = embedded.sample("Name a colour.", n=2, seed=5, temperature=0.8, max_new_tokens=5)
+    assert torch.equal(torch.rand(3), before), "sample() must not draw from torch's global generator"
+    ids = embedded.chat_ids("Name a colour.").expand(2, -1)
+    expected = generate(embedded, ids, 5, temperature=0.8, seed=5, eos_token_id=embedded.tokenizer.eos_token_id)
+    assert replies == [embedded.tokenizer.decode(row, skip_special_tokens=True) for row in expected.new_token_ids]
+
+
+def test_plain_text_gets_no_special_tokens(embedded):
+    ids = embedded.text_ids("The capital of France")
+    assert ids.shape[0] == 1
+    assert ids[0].tolist() == embedded.tokenizer("The capital of France", add_special_tokens=False)["input_ids"]
+    assert embedded.tokenizer.bos_token_id not in ids[0].tolist()
+
+
+def test_a_private_copy_leaves_the_shared_model_pristine(embedded):
+    private = load_model(copy=True)
+    assert private is not embedded and private.model is not embedded.model
+    assert load_model() is embedded  # the copy is never handed out as the shared model
+    before = embedded.model.model.layers[0].mlp.down_proj.weight.clone()
+    with torch.no_grad():
+        private.model.model.layers[0].mlp.down_proj.weight.zero_()
+    assert torch.equal(embedded.model.model.layers[0].mlp.down_proj.weight, before)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +128,8 @@ def test_truncation_missing_manifest_and_version_change_are_detected(cache_copy)
     _, directory, header = cache_copy
     assert f"made with transformers='{header['transformers']}', this is '0.0.1'" in cache_problem(
         directory, {**header, "transformers": "0.0.1"})
-    assert "made with cache_format=1, this is 2" in cache_problem(directory, {**header, "cache_format": 2})
+    later = header["cache_format"] + 1
+    assert f"made with cache_format={later - 1}, this is {later}" in cache_problem(directory, {**header, "cache_format": later})
     _truncate(directory / "tokenizer.json")
     assert "truncated" in cache_problem(directory, header)
     (directory / "manifest.json").unlink()
@@ -121,21 +154,21 @@ def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(
 
     import safetensors.torch
 
-    real_save = safetensors.torch.save_model
+    real_save = safetensors.torch.save_file
 
     def save_then_die(model, filename, *args, **kwargs):
         with open(filename, "wb") as handle:
             handle.write(b"half a file")
         raise KeyboardInterrupt  # what a learner pressing stop looks like
 
-    monkeypatch.setattr(safetensors.torch, "save_model", save_then_die)
+    monkeypatch.setattr(safetensors.torch, "save_file", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         load_model(reuse=False, progress=False)
     # No staging directory is left, and the old (damaged) cache was not replaced by a half-written one.
     assert sorted(p.name for p in directory.parent.iterdir()) == before
     assert "manifest.json" in os.listdir(directory)
 
-    monkeypatch.setattr(safetensors.torch, "save_model", real_save)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     rebuilt = load_model(reuse=False, progress=False)
     assert rebuilt.origin == "converted"
     assert "Rebuilding the model cache" in capsys.readouterr().out
@@ -143,6 +176,40 @@ def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(
     assert "Paris" in rebuilt.chat("What is the capital of France?")
     again = load_model(reuse=False, progress=False)
     assert again.origin == "cache" and again.notes == []
+
+
+def test_cache_file_is_readable_by_every_transformers_version(cache_copy):
+    # transformers 4.x needs the "format" metadata and the tied matrix under the embedding's own name.
+    from safetensors import safe_open
+
+    _, directory, _ = cache_copy
+    with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+        names = set(handle.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+
+
+def test_a_cache_that_passes_its_manifest_but_does_not_load_is_rebuilt(cache_copy, monkeypatch, capsys,
+                                                                        direct_gguf_model):
+    # A weight missing from the file (as a format-1 cache was for transformers 4.x: its embedding was stored only
+    # under lm_head.weight); the manifest's checksums match, since they were made from the same file.
+    import safetensors.torch
+
+    _, directory, _ = cache_copy
+    path = directory / "model.safetensors"
+    state = safetensors.torch.load_file(str(path))
+    del state["model.layers.0.mlp.down_proj.weight"]
+    safetensors.torch.save_file(state, str(path), metadata={"format": "pt"})
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = {"bytes": path.stat().st_size, "blake2b": models._digest(path)}
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+    assert cache_problem(directory, manifest["header"]) is None  # the manifest alone cannot tell
+
+    monkeypatch.setattr(models, "dequantize_gguf", lambda gguf: direct_gguf_model)
+    rebuilt = load_model(reuse=False, progress=False)
+    assert rebuilt.origin == "converted"
+    assert "did not load" in capsys.readouterr().out
+    assert "Paris" in rebuilt.chat("What is the capital of France?")
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
