@@ -1,10 +1,16 @@
 """labkit.checking: the checker reports every kind of broken learner code as a verdict, never a traceback."""
 
+import faulthandler
 import math
+import sys
+import threading
+import time
 
 import pytest
 import torch
 
+import labkit.memory
+import labkit.sampling
 from labkit.checking import Case, Exercise, Mistake, check_function, compare
 
 
@@ -118,7 +124,7 @@ def test_a_bare_except_cannot_swallow_the_time_limit():
 
 
 def test_calling_the_reference_is_caught_however_it_is_reached():
-    import tests.test_checking as this
+    this = sys.modules[__name__]  # not `import tests.test_checking`: IPython 7 ships its own `tests` package
 
     assert "calls labkit's own" in str(check_function(DOUBLE, _double))
     assert "calls labkit's own" in str(check_function(DOUBLE, lambda x: this._double(x)))
@@ -152,3 +158,233 @@ def test_compare_reports_nan_where_a_number_was_expected():
 def test_verdict_renders_as_html_too():
     html = check_function(DOUBLE, lambda x: x + 1)._repr_html_()
     assert "FAILED" in html and "#cf222e" in html
+
+
+# ----- the time limit holds whatever the learner's code catches -----
+
+
+@pytest.fixture
+def hang_guard():
+    """A check that hangs must fail the run, not stall it: dump the stacks and exit after half a minute."""
+    faulthandler.dump_traceback_later(30, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def swallows_with_a_bare_except(x):
+    total = 0
+    while True:
+        try:
+            total += int(x.sum())
+        except:  # noqa: E722 - the learner's code under test
+            pass
+
+
+def swallows_twice(x):
+    while True:
+        try:
+            try:
+                while True:
+                    pass
+            except BaseException:
+                pass
+        except:  # noqa: E722
+            pass
+
+
+def loops_in_finally(x):
+    try:
+        while True:
+            pass
+    finally:
+        while True:
+            pass
+
+
+def loops_in_its_handler(x):
+    try:
+        while True:
+            pass
+    except BaseException:
+        while True:
+            pass
+
+
+def swallows_in_a_helper(x):
+    def spin():
+        while True:
+            pass
+
+    while True:
+        try:
+            spin()
+        except BaseException:
+            continue
+
+
+def turns_the_limit_into_its_own_error(x):
+    try:
+        while True:
+            pass
+    except BaseException:
+        raise ValueError("interrupted")
+
+
+def returns_late(x):
+    try:
+        while True:
+            pass
+    finally:
+        return 2 * x  # noqa: B012 - swallows the limit and answers anyway
+
+
+STUBBORN = [swallows_with_a_bare_except, swallows_twice, loops_in_finally, loops_in_its_handler,
+            swallows_in_a_helper, turns_the_limit_into_its_own_error, returns_late]
+
+
+@pytest.mark.parametrize("stubborn", STUBBORN, ids=[f.__name__ for f in STUBBORN])
+def test_no_except_or_finally_keeps_a_check_past_its_time_limit(stubborn, hang_guard):
+    start = time.perf_counter()
+    verdict = check_function(DOUBLE, stubborn)
+    assert verdict.status == "failed" and "no answer within 1 s" in str(verdict), verdict
+    assert time.perf_counter() - start < 3
+
+
+def test_the_time_limit_holds_off_the_main_thread_too(hang_guard):
+    verdicts = []
+    worker = threading.Thread(target=lambda: verdicts.append(check_function(DOUBLE, swallows_with_a_bare_except)),
+                              daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the check in a worker thread never returned"
+    assert "no answer within 1 s" in str(verdicts[0])
+
+
+def test_a_time_limit_leaves_the_caller_untouched(hang_guard):
+    previous = sys.gettrace(), sys.getprofile()
+    check_function(DOUBLE, swallows_twice)
+    assert (sys.gettrace(), sys.getprofile()) == previous
+    assert check_function(DOUBLE, lambda x: x * 2).status == "passed"  # nothing left pending from the last check
+
+
+def test_the_checker_is_fast_on_a_correct_answer():
+    start = time.perf_counter()
+    for _ in range(10):
+        check_function(DOUBLE, lambda x: x * 2)
+    assert time.perf_counter() - start < 2  # 60 calls: a process per call would take far longer
+
+
+# ----- any call into labkit is reported, except what the exercise allows -----
+
+
+def _triple_gib(x):
+    return labkit.memory.to_gib(3 * 2**30) * x
+
+
+TRIPLE = Exercise(
+    id="zz.triple", title="Triple it", function="triple", reference=lambda x: 3 * x, points=1,
+    hand_cases=(Case((torch.tensor([1.0, -2.0]),)),), random_case=_random_case, n_random=3,
+    allowed=(labkit.memory.to_gib,),
+)
+
+
+def test_a_call_into_any_labkit_module_is_reported_by_name():
+    verdict = check_function(DOUBLE, lambda x: labkit.sampling.apply_temperature(x, 0.5))
+    assert verdict.status == "failed"
+    assert "calls labkit's own `labkit.sampling.apply_temperature`" in str(verdict)
+    verdict = check_function(DOUBLE, lambda x: labkit.memory.to_gib(2 * 2**30) * x)
+    assert "calls labkit's own `labkit.memory.to_gib`" in str(verdict)
+
+
+def test_an_allowed_labkit_helper_passes_and_says_so():
+    assert check_function(TRIPLE, _triple_gib).status == "passed"
+    assert "labkit.memory.to_gib" in TRIPLE.allowed_text
+    assert "calls labkit's own `labkit.sampling.apply_temperature`" in str(
+        check_function(TRIPLE, lambda x: labkit.sampling.apply_temperature(x, 1 / 3)))
+    assert DOUBLE.allowed_text.startswith("No labkit function")
+
+
+# ----- problems on labkit's side are reported as such, never raised -----
+
+
+def _broken_reference(x):
+    raise RuntimeError("the model file is missing")
+
+
+def test_an_error_in_the_reference_is_labkits_problem_not_the_learners():
+    broken = Exercise(id="zz.broken", title="Broken", function="double", reference=_broken_reference,
+                      hand_cases=DOUBLE.hand_cases, random_case=_random_case, n_random=2)
+    verdict = check_function(broken, lambda x: 2 * x)
+    assert verdict.status == "error" and verdict.points == 0
+    assert "labkit's side" in str(verdict) and "RuntimeError: the model file is missing" in str(verdict)
+    assert "[LABKIT ERROR]" in str(verdict) and "LABKIT ERROR" in verdict._repr_html_()
+
+
+def test_an_error_in_the_random_cases_is_labkits_problem_too():
+    def broken_cases(generator):
+        raise ValueError("bad draw")
+
+    broken = Exercise(id="zz.broken", title="Broken", function="double", reference=_double,
+                      hand_cases=DOUBLE.hand_cases, random_case=broken_cases, n_random=2)
+    verdict = check_function(broken, lambda x: 2 * x)
+    assert verdict.status == "error" and "labkit's side" in str(verdict) and "ValueError: bad draw" in str(verdict)
+
+
+# ----- verdicts a learner can act on -----
+
+
+def test_a_long_torch_error_shows_its_first_line_and_the_learners_line():
+    def bad_sort(x):
+        ranked = torch.sort(x, dim="last")
+        return ranked
+
+    text = str(check_function(DOUBLE, bad_sort))
+    problem = [line for line in text.splitlines() if "problem:" in line]
+    assert problem == ["    problem:  your function raised TypeError: sort() received an invalid combination of "
+                       "arguments - got (Tensor, dim=str), but expected one of:"], text
+    assert 'where:    in bad_sort: ranked = torch.sort(x, dim="last")' in text
+    assert "(Tensor input, int dim" not in text  # torch's list of signatures stays out
+
+
+def test_the_difference_is_found_where_it_really_is_among_infinities():
+    inf = math.inf
+    expected = torch.tensor([-inf, 2.0, 2.0, -inf, -inf])
+    got = torch.tensor([-inf, 2.0, 2.0, 2.0, -inf])
+    assert compare(expected, got, 1e-6, 1e-9) == (
+        "largest difference at index (3,): expected -inf (removed), got 2 (kept) (tolerance rtol=1e-06, atol=1e-09)")
+    assert "expected 2 (kept), got -inf (removed)" in compare(got, expected, 1e-6, 1e-9)
+    assert "index (1,): expected 1, got 5" in compare(torch.tensor([inf, 1.0, 0.0]), torch.tensor([inf, 5.0, 0.1]),
+                                                      1e-6, 1e-9)
+    assert "index (0,): expected inf, got -inf" in compare(torch.tensor([inf]), torch.tensor([-inf]), 1e-6, 1e-9)
+
+
+# ----- one lab whose exercises cannot load does not break the others -----
+
+
+@pytest.fixture
+def a_broken_lab(tmp_path, monkeypatch):
+    import labkit.exercises
+
+    (tmp_path / "lab98.py").write_text("import a_module_that_does_not_exist\n")
+    monkeypatch.setattr(labkit.exercises, "__path__", [*labkit.exercises.__path__, str(tmp_path)])
+    yield
+    sys.modules.pop("labkit.exercises.lab98", None)
+
+
+def test_a_lab_that_fails_to_import_is_reported_and_the_others_still_work(a_broken_lab, capsys):
+    from labkit.exercises import check, exercises, summary
+
+    def softmax_with_temperature(logits, temperature):
+        if temperature == 0:
+            return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return torch.softmax(logits / temperature, dim=-1)
+
+    verdict = check("00.softmax_temperature", {"softmax_with_temperature": softmax_with_temperature}, show=False)
+    assert verdict.status == "passed"
+    assert check("98.anything", {}, show=False) is None
+    message = ("labkit could not load the exercises of lab 98: ModuleNotFoundError: "
+               "No module named 'a_module_that_does_not_exist'")
+    assert message in capsys.readouterr().out
+    assert message in str(summary("98"))
+    assert exercises("98") == [] and message in capsys.readouterr().out
+    assert "00.softmax_temperature" in [ex.id for ex in exercises()]

@@ -6,10 +6,15 @@ Each lab registers its exercises in ``labkit/exercises/labNN.py``. A notebook's 
 
 which finds the learner's function by name in the notebook, runs :func:`labkit.checking.check_function`, shows
 the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status.
+
+A lab whose exercise module fails to import is recorded, not raised: the other labs keep working, and the
+learner reads which lab could not be loaded and why (a problem on labkit's side, never in their code).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from typing import Any
 
@@ -17,6 +22,7 @@ from labkit import progress
 from labkit.checking import Exercise, Verdict, check_function
 
 _REGISTRY: dict[str, Exercise] = {}
+_LOAD_ERRORS: dict[str, str] = {}  # lab -> "ImportError: ..." for a lab module that could not be imported
 
 
 def register(exercise: Exercise) -> Exercise:
@@ -33,15 +39,36 @@ def _load_labs() -> None:
 
     for module in pkgutil.iter_modules(__path__):
         if module.name.startswith("lab"):
-            importlib.import_module(f"{__name__}.{module.name}")
+            lab = module.name[len("lab"):]
+            try:
+                importlib.import_module(f"{__name__}.{module.name}")
+            except Exception as error:  # noqa: BLE001 - one broken lab must not break the others
+                lines = str(error).strip().splitlines()
+                _LOAD_ERRORS[lab] = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+            else:
+                _LOAD_ERRORS.pop(lab, None)
+
+
+def load_problem(lab: str) -> str | None:
+    """Why a lab's exercises could not be loaded, in words for the learner (None when they loaded)."""
+    if lab not in _LOAD_ERRORS:
+        return None
+    return (f"labkit could not load the exercises of lab {lab}: {_LOAD_ERRORS[lab]}. This is a problem on "
+            "labkit's side, not in your code; restarting the kernel or reinstalling labkit may help.")
 
 
 def exercises(lab: str | None = None) -> list[Exercise]:
-    """Registered exercises, in registration order, optionally of one lab ("00", "01", ...)."""
+    """Registered exercises, in registration order, optionally of one lab ("00", "01", ...).
+
+    A lab that could not be loaded is reported (printed) and contributes no exercises.
+    """
     _load_labs()
+    for failed in sorted(_LOAD_ERRORS) if lab is None else [lab]:
+        if load_problem(failed):
+            print(load_problem(failed))
     chosen = [ex for ex in _REGISTRY.values() if lab is None or ex.lab == lab]
-    if lab is not None and not chosen:
-        labs = sorted({ex.lab for ex in _REGISTRY.values()})
+    if lab is not None and not chosen and lab not in _LOAD_ERRORS:
+        labs = sorted({ex.lab for ex in _REGISTRY.values()} | set(_LOAD_ERRORS))
         raise ValueError(f"lab must be one of {labs}, got {lab!r}")
     return chosen
 
@@ -49,7 +76,8 @@ def exercises(lab: str | None = None) -> list[Exercise]:
 def get(exercise_id: str) -> Exercise:
     _load_labs()
     if exercise_id not in _REGISTRY:
-        raise ValueError(f"exercise_id must be one of {sorted(_REGISTRY)}, got {exercise_id!r}")
+        problem = load_problem(str(exercise_id).split(".", 1)[0])
+        raise ValueError(problem or f"exercise_id must be one of {sorted(_REGISTRY)}, got {exercise_id!r}")
     return _REGISTRY[exercise_id]
 
 
@@ -71,14 +99,27 @@ def check(exercise_id: str, namespace: dict[str, Any] | None = None, *, show: bo
 
     The function is looked up by its name in ``namespace`` (default: the caller's globals, i.e. the notebook).
     Returns the verdict when ``show`` is False (for scripts and the grader); in a notebook it only displays it.
+    An exercise that cannot be found or loaded prints why and returns None.
     """
+    if namespace is None:
+        namespace = sys._getframe(1).f_globals
+    try:
+        return _check(exercise_id, namespace, show)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # noqa: BLE001 - the promise: no traceback from a check cell
+        print(f"labkit could not check {exercise_id!r}: {type(error).__name__}: {error}. This is a problem on "
+              "labkit's side, not in your code.")
+        return None
+
+
+def _check(exercise_id: str, namespace: dict[str, Any], show: bool) -> Verdict | None:
     try:
         exercise = get(exercise_id)
     except ValueError as error:
-        print(f"labkit: {error}")
+        message = str(error)
+        print(message if message.startswith("labkit") else f"labkit: {message}")
         return None
-    if namespace is None:
-        namespace = sys._getframe(1).f_globals
     verdict = check_function(exercise, namespace.get(exercise.function))
     progress.record(exercise.id, verdict.status, verdict.points, exercise.points)
     if show:
@@ -90,13 +131,15 @@ def check(exercise_id: str, namespace: dict[str, Any] | None = None, *, show: bo
 class Summary:
     """A lab's exercises with their saved status, as a text table (and HTML in a notebook)."""
 
-    def __init__(self, rows: list[tuple[str, str, str, int, int]]):
+    def __init__(self, rows: list[tuple[str, str, str, int, int]], notes: tuple[str, ...] = ()):
         self.rows = rows  # (id, title, status, points, max_points)
+        self.notes = notes  # e.g. why a lab's exercises could not be loaded
 
     def __str__(self) -> str:
         earned, possible = sum(r[3] for r in self.rows), sum(r[4] for r in self.rows)
         lines = [f"{'exercise':<26} {'status':<14} points", *(
-            f"{r[0]:<26} {r[2]:<14} {r[3]}/{r[4]}" for r in self.rows), f"{'total':<41} {earned}/{possible}"]
+            f"{r[0]:<26} {r[2]:<14} {r[3]}/{r[4]}" for r in self.rows), f"{'total':<41} {earned}/{possible}",
+            *self.notes]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -107,16 +150,20 @@ class Summary:
         body = "".join(f"<tr><td>{html.escape(r[0])}</td><td>{html.escape(r[1])}</td><td>{r[2]}</td>"
                        f"<td>{r[3]}/{r[4]}</td></tr>" for r in self.rows)
         total = f"{sum(r[3] for r in self.rows)}/{sum(r[4] for r in self.rows)}"
+        notes = "".join(f"<p>{html.escape(note)}</p>" for note in self.notes)
         return (f"<table><tr><th>exercise</th><th>title</th><th>status</th><th>points</th></tr>{body}"
-                f"<tr><td colspan=3><b>total</b></td><td><b>{total}</b></td></tr></table>")
+                f"<tr><td colspan=3><b>total</b></td><td><b>{total}</b></td></tr></table>{notes}")
 
 
 def summary(lab: str) -> Summary:
     """The lab's exercises and their status, read from the progress file (it survives kernel restarts)."""
     records = progress.load()
     rows = []
-    for exercise in exercises(lab):
+    with contextlib.redirect_stdout(io.StringIO()):  # the summary states a load problem itself
+        chosen = exercises(lab)
+    for exercise in chosen:
         saved = records.get(exercise.id, {})
         rows.append((exercise.id, exercise.title, saved.get("status", "not attempted"), saved.get("points", 0),
                      exercise.points))
-    return Summary(rows)
+    problem = load_problem(lab)
+    return Summary(rows, (problem,) if problem else ())

@@ -13,15 +13,13 @@ import torch
 from labkit.checking import Case, Exercise, Mistake
 from labkit.exercises import register
 from labkit.sampling import (
-    TOP_P_TOLERANCE, apply_temperature, filter_logits, kept_count, min_p_filter, sampling_logits, sampling_probs,
-    softmax_with_temperature, top_k_filter, top_p_filter,
+    TOP_P_TOLERANCE, apply_temperature, kept_count, sampling_logits, sampling_probs, softmax_with_temperature,
+    top_k_filter, top_p_filter,
 )
 
 _LOG_8421 = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()  # the lesson's A, B, C, D
 _LOG_8421_F32 = torch.tensor([8.0, 4.0, 2.0, 1.0]).log()
 _INF = math.inf
-_FORBIDDEN = (softmax_with_temperature, top_k_filter, top_p_filter, min_p_filter, filter_logits, sampling_logits,
-              sampling_probs)
 
 
 def _random_logits(generator: torch.Generator, with_minus_inf: bool = True) -> torch.Tensor:
@@ -105,7 +103,6 @@ APPLY_TEMPERATURE = register(
         title="Temperature on logits, greedy at T = 0",
         function="apply_temperature",
         reference=apply_temperature,
-        forbidden=_FORBIDDEN,
         points=1,
         rtol=1e-6,
         atol=1e-9,
@@ -192,7 +189,6 @@ TOP_K = register(
         title="Top-k filter",
         function="top_k_filter",
         reference=top_k_filter,
-        forbidden=_FORBIDDEN,
         points=2,
         rtol=1e-6,
         atol=1e-9,
@@ -320,7 +316,7 @@ NUCLEUS = register(
         title="Temperature, then top-p, renormalized",
         function="nucleus_probs",
         reference=nucleus_probs,
-        forbidden=_FORBIDDEN,
+        allowed=(apply_temperature,),  # lab 01's first exercise: the learner has written it already
         points=3,
         rtol=1e-5,
         atol=1e-7,
@@ -402,7 +398,6 @@ PREDICT = register(
         random_case=_no_random_case,
         hints=("return your prediction as a number; lower temperature sharpens the distribution, so fewer tokens "
                "are needed to reach the same mass",),
-        forbidden=_FORBIDDEN,
     )
 )
 

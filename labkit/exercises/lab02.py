@@ -43,6 +43,11 @@ _HAND_CASES = (
          label="a batch [2, 3, vocab]: the mean runs over every position of every sequence"),
 )
 
+# A confident wrong prediction: softmax rounds p(target) = e**-1000 to 0, and log(0) = -inf. The loss is 1000 nats,
+# which log_softmax (log p = z - logsumexp(z)) gets exactly. Perplexity e**1000 overflows, so only the loss has it.
+_CONFIDENT_AND_WRONG = Case((torch.tensor([[1000.0, 0.0]], dtype=torch.float64), torch.tensor([1])),
+                            label="a confident wrong prediction: logits (1000, 0), target 1: loss 1000 nats")
+
 
 # Deliberately wrong versions: if a learner's output equals one of these on a failing case, its hint is shown.
 def _probabilities(logits, targets):
@@ -74,6 +79,10 @@ def _unstable(logits, targets):
     return -probs.gather(-1, targets.unsqueeze(-1)).log().mean()
 
 
+def _log_of_softmax(logits, targets):
+    return -torch.log(torch.softmax(logits, dim=-1)).gather(-1, targets.unsqueeze(-1)).mean()
+
+
 def _whole_columns(logits, targets):
     return -torch.log_softmax(logits, dim=-1)[..., targets].mean()
 
@@ -88,11 +97,11 @@ CROSS_ENTROPY = register(
         title="Cross-entropy of targets under logits",
         function="cross_entropy",
         reference=cross_entropy,
-        forbidden=(token_surprisal, perplexity, F.cross_entropy),
+        forbidden=(F.cross_entropy,),
         points=2,
         rtol=1e-5,
         atol=1e-7,
-        hand_cases=_HAND_CASES,
+        hand_cases=(*_HAND_CASES, _CONFIDENT_AND_WRONG),
         random_case=_random_case,
         hints=("log_softmax over the last dimension, pick each target's entry (gather), negate, average",),
         mistakes=(
@@ -100,6 +109,8 @@ CROSS_ENTROPY = register(
                     _logits_as_probabilities),
             Mistake("exp overflows for large logits: use torch.log_softmax (it subtracts each row's maximum)",
                     _unstable),
+            Mistake("log(softmax) gives log 0 = -inf once a probability rounds to 0: use torch.log_softmax, which "
+                    "computes log p = z - logsumexp(z) without forming p", _log_of_softmax),
             Mistake("the loss averages -log p(target), not -p(target): take the log of the probabilities",
                     _probabilities),
             Mistake("a loss is positive: it is the NEGATIVE mean log-probability (log p <= 0)", _no_minus),
@@ -148,7 +159,6 @@ PERPLEXITY = register(
         title="Perplexity of targets under logits",
         function="perplexity",
         reference=perplexity,
-        forbidden=(cross_entropy, token_surprisal),
         points=1,
         rtol=1e-5,
         atol=1e-7,

@@ -10,12 +10,15 @@ import dataclasses
 
 import torch
 
-from labkit.budget import kv_batch_capacity, max_batch_size
+from labkit.budget import kv_batch_capacity
 from labkit.checking import Case, Exercise, Mistake
 from labkit.exercises import register
-from labkit.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes, to_gib
+from labkit.memory import GB, GIB, kv_cache_bytes, to_gb, to_gib
 from labkit.presets import model_preset
 from labkit.spec import ModelSpec
+
+# What the learner may use: the spec's fields and properties, and the unit conversions (GB, GIB are constants).
+_ALLOWED = (ModelSpec, to_gib, to_gb)
 
 # bytes_per_value as the learner passes it -> labkit's format name
 _FORMAT = {4: "fp32", 2: "bf16", 1: "fp8", 0.5: "int4"}
@@ -110,7 +113,7 @@ KV_CACHE = register(Exercise(
     title="KV-cache size (eq. 8.3) in GiB",
     function="kv_cache_gib",
     reference=reference_kv_cache_gib,
-    forbidden=(kv_cache_bytes, kv_bytes_per_token),
+    allowed=_ALLOWED,
     points=2,
     rtol=1e-9,
     atol=0.0,
@@ -179,7 +182,7 @@ LARGEST_BATCH = register(Exercise(
     title="The largest batch whose KV cache fits next to the weights",
     function="largest_batch",
     reference=reference_largest_batch,
-    forbidden=(kv_cache_bytes, kv_bytes_per_token, kv_batch_capacity, max_batch_size),
+    allowed=_ALLOWED,
     points=2,
     rtol=0.0,
     atol=0.0,
