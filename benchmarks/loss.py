@@ -26,7 +26,7 @@ def _row(label: str, n_tokens: int, seconds: list[float], reference_s: float) ->
 
 def main(runs: int = 3, n_score_tokens: int = 1024, n_new_tokens: int = 32) -> None:
     from labkit.generation import generate
-    from labkit.loss import score_text
+    from labkit.scoring import score_text
     from labkit.models import load_model
     from labkit.texts import load_eval_text, tokenize_sections
 

@@ -35,10 +35,11 @@ def _median_ms_pair(ours, theirs, runs: int) -> tuple[float, float]:
 
 
 def _model_logits(lm) -> torch.Tensor:
-    ids = lm.tokenizer(TEXT, return_tensors="pt")["input_ids"][:, :BATCH_SIZE]  # [1, 64]
+    from labkit.runtime import full_logits
+
+    ids = lm.text_ids(TEXT)[:, :BATCH_SIZE]  # [1, 64]
     assert ids.shape[1] == BATCH_SIZE, f"TEXT has {ids.shape[1]} tokens, fewer than the batch of {BATCH_SIZE}"
-    with torch.inference_mode():
-        return lm.model(ids).logits[0].float().clone()  # [64, vocab]: one next-token row per position
+    return full_logits(lm, ids)[0].clone()  # [64, vocab]: one next-token row per position
 
 
 def _filter_rows(logits: torch.Tensor):

@@ -1,7 +1,7 @@
 """Token-by-token generation from labkit's sampling functions and the model's KV cache.
 
-The loop, in reading order: :func:`prefill` runs the prompt once and returns the last position's logits and
-the cache; :func:`decode_one_token` feeds one new token per sequence against that cache; :func:`next_tokens`
+The loop, in reading order: ``runtime.prefill`` runs the prompt once and returns the last position's logits and
+the cache; ``runtime.decode_one_token`` feeds one new token per sequence against that cache; :func:`next_tokens`
 turns logits into token ids with ``labkit.sampling`` (temperature 0 is greedy: the first argmax). With the
 cache, each step costs one token's forward pass instead of the whole prefix's.
 
@@ -15,13 +15,16 @@ repetition penalties, stop strings. Used by lab 02 (and by labs 05 and 06 for ti
 
 from __future__ import annotations
 
-import inspect
+import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from labkit import sampling, validation
+# The model is only ever run through the runtime; these names are re-exported for the labs that call them.
+from labkit.runtime import (StepInfo, cache_length, decode_one_token, full_logits, model_device, prefill,
+                            synchronize)
 
 
 @dataclass(frozen=True)
@@ -37,42 +40,6 @@ class Generation:
     def new_token_ids(self) -> torch.Tensor:
         """The generated tokens only: ``[batch, n_new]``."""
         return self.token_ids[:, self.prompt_len :]
-
-
-def _module(model: Any) -> torch.nn.Module:
-    """The torch module of a LoadedModel, or the model itself (a transformers model also has ``.model``)."""
-    return model if isinstance(model, torch.nn.Module) else model.model
-
-
-def _cache_keyword(module: torch.nn.Module) -> str:
-    # transformers 5 renamed `past_key_values` to `cache`; older versions (Colab may have one) use the old name.
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-def _output_cache(output: Any) -> Any:
-    fields = getattr(output, "__dataclass_fields__", {})
-    return output["cache"] if "cache" in fields else output["past_key_values"]
-
-
-def prefill(model: Any, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """Run the prompt once: (logits of its last position ``[batch, vocab]``, the filled KV cache)."""
-    module = _module(model)
-    # Only the last position's logits are needed: skip the vocabulary projection of the others when we can.
-    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(module.forward).parameters else {}
-    output = module(input_ids, use_cache=True, **last_only)  # input_ids: [batch, prompt_len]
-    return output.logits[:, -1, :].float(), _output_cache(output)
-
-
-def decode_one_token(model: Any, token_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
-    """Feed one token per sequence (``[batch, 1]``) after the cached prefix: (next logits, updated cache)."""
-    module = _module(model)
-    output = module(token_ids, use_cache=True, **{_cache_keyword(module): cache})
-    return output.logits[:, -1, :].float(), _output_cache(output)
-
-
-def full_logits(model: Any, token_ids: torch.Tensor) -> torch.Tensor:
-    """Logits of every position without a cache, ``[batch, seq_len, vocab]`` (the reference for the cache)."""
-    return _module(model)(token_ids, use_cache=False).logits.float()
 
 
 def next_tokens(logits: torch.Tensor, settings: dict, generator: torch.Generator | None) -> torch.Tensor:
@@ -92,7 +59,8 @@ def _check_arguments(input_ids: Any, max_new_tokens: Any, seed: Any) -> None:
 def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, order: str = "temperature_first",
              seed: int | None = None, eos_token_id: int | None = None, use_cache: bool = True,
-             keep_logits: bool = False) -> Generation:
+             keep_logits: bool = False, on_step: Callable[[StepInfo], Any] | None = None,
+             device: Any = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (``[batch, prompt_len]``).
 
     ``temperature=0`` (the default) is greedy. Sampling draws from ``labkit.sampling.sampling_probs`` with the
@@ -100,6 +68,10 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
     sequence produces ``eos_token_id`` it is padded with it; generation stops when every sequence has.
     ``use_cache=False`` recomputes the whole prefix at every step (slow; the reference the cache must match).
     ``keep_logits`` keeps each step's logits (``[batch, n_new, vocab]`` floats: mind the memory).
+    ``on_step`` is called after every step with a :class:`labkit.runtime.StepInfo` (the chosen tokens, the step's
+    wall time with the device synchronized, the cache length): timing is measured here, in the one loop.
+    ``device`` is where the model runs (default: where it is); sampling happens on the CPU, so a seed gives the
+    same tokens whatever the device.
     """
     _check_arguments(input_ids, max_new_tokens, seed)
     settings = sampling.check_settings(temperature, top_k, top_p, min_p, order)  # the same errors as sampling's
@@ -109,14 +81,18 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
     finished = torch.zeros(batch_size, dtype=torch.bool)
     kept: list[torch.Tensor] = []
     cache = None
+    if on_step is not None and not callable(on_step):
+        raise TypeError(f"on_step must be a function taking a StepInfo, or None, got {validation.shown(on_step)}")
     with torch.inference_mode():
         for step in range(max_new_tokens):
+            started = time.perf_counter()
             if not use_cache:
-                logits = full_logits(model, token_ids)[:, -1, :]
+                logits = full_logits(model, token_ids, device=device)[:, -1, :]
             elif step == 0:
-                logits, cache = prefill(model, token_ids)
+                logits, cache = prefill(model, token_ids, device=device)
             else:
-                logits, cache = decode_one_token(model, token_ids[:, -1:], cache)
+                logits, cache = decode_one_token(model, token_ids[:, -1:], cache, device=device)
+            logits = logits.cpu()  # [batch, vocab]; a no-op on the CPU
             if keep_logits:
                 kept.append(logits)
             chosen = next_tokens(logits, settings, generator)  # [batch]
@@ -124,6 +100,10 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
                 chosen = torch.where(finished, torch.full_like(chosen, eos_token_id), chosen)
                 finished = finished | (chosen == eos_token_id)
             token_ids = torch.cat([token_ids, chosen.unsqueeze(1)], dim=1)
+            if on_step is not None:
+                synchronize(device if device is not None else model_device(model))
+                on_step(StepInfo(step, chosen, time.perf_counter() - started,
+                                 cache_length(cache) if cache is not None else 0))
             if bool(finished.all()):
                 break
     step_logits = torch.stack(kept, dim=1) if keep_logits and kept else None

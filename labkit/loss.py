@@ -7,7 +7,8 @@ output at position ``t`` predicts the token at ``t + 1``, so for a model's own o
 Units: natural logarithms give *nats*, base-2 logarithms give *bits* (1 nat = 1 / ln 2 = 1.4427 bits). The
 perplexity is the same number either way: ``e ** nats == 2 ** bits``.
 
-Long texts are scored in windows of at most ``window`` tokens per forward pass (see :func:`score_windows`).
+Long texts are scored in windows of at most ``window`` tokens per forward pass (see :func:`score_windows`); the
+passes themselves run in ``labkit.scoring.score_text`` (the runtime layer), which fills a :class:`TextScore`.
 Left out: padding, masks and ``ignore_index`` (one unpadded sequence is what the lab needs).
 
 Used by lab 02; lab 03 reuses the perplexity of a text to measure what quantization costs.
@@ -214,61 +215,3 @@ class TextScore:
     @property
     def n_scored(self) -> int:
         return int(self.token_ids.numel()) - 1
-
-
-def _unwrap(model: Any) -> Any:
-    """The torch module of a LoadedModel, or the model itself (a transformers model also has ``.model``)."""
-    return model if isinstance(model, torch.nn.Module) else model.model
-
-
-def _pass_logits(model: torch.nn.Module, token_ids: torch.Tensor, piece: Window) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [n_targets, vocab], targets [n_targets]) of one window, in float32."""
-    inputs = token_ids[piece.input_start : piece.input_end].unsqueeze(0)  # [1, seq_len]
-    logits = model(inputs, use_cache=False).logits[0].float()  # [seq_len, vocab]
-    first = piece.targets_start - 1 - piece.input_start  # the output that predicts targets_start
-    return logits[first:], token_ids[piece.targets_start : piece.input_end + 1]
-
-
-def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
-               temperatures: tuple[float, ...] = (), truncations: dict[str, dict] | None = None,
-               progress: bool = True) -> TextScore:
-    """Score every token of a text (from position 1) with a causal LM, in windows (:func:`score_windows`).
-
-    One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
-    target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
-    setting in ``truncations`` (keyword arguments of ``labkit.sampling.sampling_probs``; ``-inf`` where cut).
-
-    token_ids: ``[n_tokens]``. ``model``: a LoadedModel or a transformers causal LM.
-    """
-    from tqdm.auto import tqdm
-
-    tensor("token_ids", token_ids, kind="int", ndim=1, shape="[n_tokens]")
-    for index, temperature in enumerate(temperatures):
-        real(f"temperatures[{index}]", temperature, min=0, min_open=True)
-    truncations = dict(truncations or {})
-    module = _unwrap(model)
-    n_tokens = int(token_ids.numel())
-
-    def unscored(dtype=torch.float32, value=math.nan):
-        return torch.full((n_tokens,), value, dtype=dtype)
-
-    surprisal, entropies, ranks = unscored(), unscored(), unscored(torch.long, -1)
-    at_temperature = {t: unscored() for t in temperatures}
-    truncated = {name: unscored() for name in truncations}
-    passes = score_windows(n_tokens, window, stride)
-    with torch.inference_mode():
-        for piece in tqdm(passes, desc="scoring windows", unit="window", disable=not progress):
-            logits, targets = _pass_logits(module, token_ids, piece)
-            span = slice(piece.targets_start, piece.input_end + 1)
-            log_probs = torch.log_softmax(logits, dim=-1)  # [n, vocab]
-            surprisal[span] = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-            # Entropy -sum p log p in float32 (no softmax underflows to a NaN term: log_probs stay finite).
-            entropies[span] = -(log_probs.exp() * log_probs).sum(dim=-1)
-            target_logits = logits.gather(-1, targets.unsqueeze(-1))  # [n, 1]
-            ranks[span] = (logits > target_logits).sum(dim=-1)
-            for temperature in temperatures:
-                at_temperature[temperature][span] = token_surprisal(logits / temperature, targets)
-            for name, settings in truncations.items():
-                truncated[name][span] = truncated_log_probs(logits, targets, **settings)
-    return TextScore(token_ids, surprisal, entropies, ranks, at_temperature, truncated, window,
-                     window if stride is None else stride)

@@ -280,37 +280,3 @@ def sparse_2_4_bytes(rows: int, cols: int, fmt: str = "bf16") -> Sparse24Bytes:
         raise ValueError(f"cols must be a multiple of 4 (groups of four along a row), got {cols}")
     kept = rows * cols // 2
     return Sparse24Bytes(stored_bytes(kept, fmt), kept * 2 // 8, stored_bytes(rows * cols, fmt))
-
-
-def output_cache(outputs: Any) -> Any:
-    """The KV cache a transformers forward pass returned (``outputs.cache``; ``past_key_values`` before 5.x).
-
-    >>> output_cache({"logits": None, "cache": "the cache"})
-    'the cache'
-    """
-    for key in ("cache", "past_key_values"):  # renamed in transformers 5; the old name warns there
-        if key in outputs.keys() and outputs[key] is not None:
-            return outputs[key]
-    raise ValueError(f"outputs holds no cache (keys {list(outputs.keys())}); call the model with use_cache=True")
-
-
-def measured_kv_cache_bytes(cache: Any) -> int:
-    """Bytes held by the key and value tensors of a transformers cache (``outputs.cache``).
-
-    Accepts a transformers 5 Cache (``.layers``, each with ``.keys`` and ``.values``) or the legacy tuple of
-    (key, value) pairs per layer. Counts tensor storage only, so a StaticCache reports its preallocated size.
-
-    >>> import torch
-    >>> measured_kv_cache_bytes([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # 2 x 24 FP32 values
-    192
-    """
-    layers = getattr(cache, "layers", cache)
-    try:
-        layers = list(layers)
-    except TypeError:
-        raise fail(TypeError, "cache", "a transformers Cache or a sequence of (key, value)", cache) from None
-    total = 0
-    for layer in layers:
-        tensors = (layer.keys, layer.values) if hasattr(layer, "values") and hasattr(layer, "keys") else layer
-        total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
-    return total

@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 
+from labkit import validation
+
 POSITIONS = ("last", "all")
 WHAT = ("input", "output")
 
@@ -139,11 +141,9 @@ def _output_cache(output: Any) -> Any:
 
 
 def _check_ids(ids: Any, name: str) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-        raise ValueError(f"{name} must be a tensor [batch, seq_len] with batch, seq_len >= 1, got {shape}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    validation.tensor(name, ids, kind="int", ndim=2, shape="[batch, seq_len]", nonempty=True)
+    if ids.shape[0] == 0:
+        raise validation.fail(ValueError, name, "an integer tensor of shape [batch, seq_len] with batch >= 1", ids)
 
 
 def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "last", use_cache: bool = True,
@@ -158,9 +158,8 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "
     module = module_of(lm)
     _check_ids(ids, "ids")
     if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, got {positions!r}")
-    if not isinstance(use_cache, bool):
-        raise TypeError(f"use_cache must be True or False, got {use_cache!r}")
+        validation.choice("positions", positions, POSITIONS)
+    validation.boolean("use_cache", use_cache)
     if cache is not None and not use_cache:
         raise ValueError("cache was given with use_cache=False; pass use_cache=True to continue from it")
     home = _check_device(module, device)
@@ -281,8 +280,7 @@ def cache_bytes(cache: Any) -> int:
 def crop(cache: Any, length: int) -> Any:
     """Keep the first ``length`` tokens of a cache, in place (drops rejected draft tokens); returns the cache."""
     current = cache_length(cache)
-    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= current:
-        raise ValueError(f"length must be an int in [0, {current}] (the cache holds {current} tokens), got {length!r}")
+    length = validation.integer("length", length, min=0, max=current, note=f"the cache holds {current} tokens")
     if not hasattr(cache, "crop"):
         raise TypeError(f"cache must be a transformers DynamicCache (it has crop), got {type(cache).__name__}")
     if length < current:
@@ -392,7 +390,7 @@ def capture(lm: Any, modules: Any, *, what: str = "output") -> Iterator[Capture]
     (torch.Size([1, 3]), 0)
     """
     if what not in WHAT:
-        raise ValueError(f"what must be one of {WHAT}, got {what!r}")
+        validation.choice("what", what, WHAT)
     chosen = _select(module_of(lm), modules)
     captured = Capture(what, {name: [] for name in chosen})
     handles = []

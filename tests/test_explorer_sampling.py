@@ -20,13 +20,14 @@ def lesson_scores(n_show=4):
     return NextTokenScores("lesson", torch.zeros(1, 1, dtype=torch.long), LESSON, ids, tuple("ABCD"[:n_show]), probs)
 
 
-class FakeModel:
+class FakeModel(torch.nn.Module):
     """Returns fixed logits and counts its forward passes."""
 
     def __init__(self, logits):
+        super().__init__()
         self.logits, self.calls = logits, 0
 
-    def __call__(self, input_ids, **kwargs):
+    def forward(self, input_ids, **kwargs):
         self.calls += 1
         return SimpleNamespace(logits=self.logits.expand(input_ids.shape[0], input_ids.shape[1], -1))
 

@@ -113,3 +113,18 @@ def test_a_bad_sampling_setting_gets_the_same_error_as_in_sampling(name, value, 
         with pytest.raises(error, match=re.escape(str(from_generate.value))):
             apply_temperature(torch.zeros(3), value)
     assert str(from_generate.value).startswith(f"{name} must be ") and f"got {value!r}" in str(from_generate.value)
+
+
+def test_each_step_is_reported_with_its_tokens_time_and_cache_length(embedded):
+    from labkit.runtime import StepInfo
+
+    prompt_ids = embedded.text_ids("The lighthouse keeper climbed")
+    steps: list[StepInfo] = []
+    result = generate(embedded, prompt_ids, 5, on_step=steps.append)
+    assert [s.step for s in steps] == list(range(5)) and [s.phase for s in steps] == ["prefill"] + ["decode"] * 4
+    assert torch.equal(torch.stack([s.token_ids for s in steps], dim=1), result.new_token_ids)
+    # After step i the cache holds the prompt and the i tokens fed so far (the one just chosen is not fed yet).
+    assert [s.cache_length for s in steps] == [prompt_ids.shape[1] + i for i in range(5)]
+    assert all(s.step_s > 0 for s in steps)
+    with pytest.raises(TypeError, match="on_step must be a function"):
+        generate(embedded, prompt_ids, 1, on_step="print")

@@ -8,8 +8,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.loss import (align_next_token, cross_entropy, perplexity, perplexity_from_nll, score_text,
-                         score_windows, token_surprisal, truncated_log_probs)
+from labkit.loss import (align_next_token, cross_entropy, perplexity, perplexity_from_nll, score_windows,
+                         token_surprisal, truncated_log_probs)
+from labkit.runtime import full_logits
+from labkit.scoring import score_text
 from labkit.resources import data_path
 from labkit.sampling import sampling_probs
 from labkit.texts import load_eval_text, parse_sections, tokenize_sections
@@ -138,18 +140,16 @@ def test_eval_text_has_seven_genres_and_over_2000_tokens(embedded):
 # --- the embedded model ----------------------------------------------------------------------------------------
 
 def test_agrees_with_the_loss_transformers_returns(embedded):
-    ids = embedded.tokenizer("The tide comes in twice a day, pulled by the Moon.", return_tensors="pt")["input_ids"]
+    ids = embedded.text_ids("The tide comes in twice a day, pulled by the Moon.")
     with torch.inference_mode():
-        output = embedded.model(ids, labels=ids)
-    loss = cross_entropy(*align_next_token(output.logits, ids))
-    assert loss.item() == pytest.approx(output.loss.item(), rel=1e-5)
+        reference = embedded.model(ids, labels=ids).loss  # transformers' own shift-and-average, the independent check
+    loss = cross_entropy(*align_next_token(full_logits(embedded, ids), ids))
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
 
 
 def test_windowed_scores_match_one_full_pass(embedded):
-    ids = embedded.tokenizer("Rinse the lentils, then warm the oil and soften the onion for ten minutes.",
-                             return_tensors="pt")["input_ids"][0]
-    with torch.inference_mode():
-        full = token_surprisal(*align_next_token(embedded.model(ids[None]).logits[0], ids))
+    ids = embedded.text_ids("Rinse the lentils, then warm the oil and soften the onion for ten minutes.")[0]
+    full = token_surprisal(*align_next_token(full_logits(embedded, ids[None])[0], ids))
     # A window as long as the text is exactly one full pass; shorter windows see less context.
     whole = score_text(embedded, ids, window=len(ids), progress=False, temperatures=(1.0, 2.0),
                        truncations={"top-k 1": dict(top_k=1)})

@@ -4,9 +4,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from labkit.runtime import cache_bytes, decode_one_token
 from labkit.memory import (
     GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, format_bits, kv_bytes_per_token, kv_cache_bytes,
-    kv_heads_per_rank, measured_kv_cache_bytes, param_breakdown, param_count, params_12d2, sparse_2_4_bytes,
+    kv_heads_per_rank, param_breakdown, param_count, params_12d2, sparse_2_4_bytes,
     stored_bytes, to_gb, to_gib, weights_bytes,
 )
 from labkit.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
@@ -238,7 +239,6 @@ def test_2_4_sparse_projection_is_56_percent_of_dense():
     (lambda: sparse_2_4_bytes(4, 6), ValueError, r"cols must be a multiple of 4 .*got 6"),
     (lambda: model_preset("gpt-5"), ValueError, r"name must be one of \['Falcon-7B', .*got 'gpt-5'"),
     (lambda: gpu_preset("V100"), ValueError, r"gpu must be one of \['A100-40GB', .*got 'V100'"),
-    (lambda: measured_kv_cache_bytes(3), TypeError, r"cache must be a transformers Cache"),
     (lambda: format_bits("int3", "weight_fmt"), ValueError, r"weight_fmt must be one of .*got 'int3'"),
 ])
 def test_errors_name_argument_value_and_choices(call, error, match):
@@ -254,14 +254,13 @@ def test_block_layout_defaults_are_llama():
 
 def _forward(model_cls, config, batch_size, n_tokens, dtype=None):
     torch = pytest.importorskip("torch")
+    from labkit import runtime
+
     torch.manual_seed(0)
     model = model_cls(config).eval()
     if dtype is not None:
         model = model.to(dtype)
-    with torch.no_grad():
-        outputs = model(torch.randint(0, config.vocab_size, (batch_size, n_tokens)), use_cache=True)
-    cache_name = "cache" if "cache" in outputs.keys() else "past_key_values"  # renamed in transformers 5.x
-    return model, cache_name, outputs[cache_name]
+    return model, runtime.prefill(model, torch.randint(0, config.vocab_size, (batch_size, n_tokens))).cache
 
 
 def test_transformers_llama_cache_matches_formula():
@@ -271,16 +270,15 @@ def test_transformers_llama_cache_matches_formula():
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     spec = ModelSpec.from_config(config, name="tiny-llama")
-    model, cache_name, cache = _forward(transformers.LlamaForCausalLM, config, batch_size=3, n_tokens=7)
-    assert measured_kv_cache_bytes(cache) == kv_cache_bytes(spec, 3, 7, "fp32") == 3 * 7 * 2 * 2 * 2 * 16 * 4
+    model, cache = _forward(transformers.LlamaForCausalLM, config, batch_size=3, n_tokens=7)
+    assert cache_bytes(cache) == kv_cache_bytes(spec, 3, 7, "fp32") == 3 * 7 * 2 * 2 * 2 * 16 * 4
     assert param_count(spec) == sum(p.numel() for p in model.parameters())
-    with torch.no_grad():  # one decode step adds exactly one token's worth
-        model(torch.randint(0, 100, (3, 1)), use_cache=True, **{cache_name: cache})
-    assert measured_kv_cache_bytes(cache) == kv_cache_bytes(spec, 3, 8, "fp32")
-    _, _, bf16_cache = _forward(transformers.LlamaForCausalLM, config, 2, 5, dtype=torch.bfloat16)
-    assert measured_kv_cache_bytes(bf16_cache) == kv_cache_bytes(spec, 2, 5, "bf16")
+    decode_one_token(model, torch.randint(0, 100, (3, 1)), cache)  # one decode step adds one token's worth
+    assert cache_bytes(cache) == kv_cache_bytes(spec, 3, 8, "fp32")
+    _, bf16_cache = _forward(transformers.LlamaForCausalLM, config, 2, 5, dtype=torch.bfloat16)
+    assert cache_bytes(bf16_cache) == kv_cache_bytes(spec, 2, 5, "bf16")
     legacy = [(layer.keys, layer.values) for layer in bf16_cache.layers]
-    assert measured_kv_cache_bytes(legacy) == kv_cache_bytes(spec, 2, 5, "bf16")
+    assert cache_bytes(legacy) == kv_cache_bytes(spec, 2, 5, "bf16")
 
 
 @pytest.mark.parametrize("arch,preset", [("gpt_neox", "Pythia-14M"), ("qwen3", "Qwen3-0.6B")])
@@ -295,9 +293,9 @@ def test_transformers_agree_on_other_layouts(arch, preset):
             vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=32, intermediate_size=128, tie_word_embeddings=True)
     spec = ModelSpec.from_config(config, name=arch)
-    model, _, cache = _forward(model_cls, config, batch_size=2, n_tokens=5)
+    model, cache = _forward(model_cls, config, batch_size=2, n_tokens=5)
     assert param_count(spec, model_layout(preset)) == sum(p.numel() for p in model.parameters())
-    assert measured_kv_cache_bytes(cache) == kv_cache_bytes(spec, 2, 5, "fp32")
+    assert cache_bytes(cache) == kv_cache_bytes(spec, 2, 5, "fp32")
 
 
 def test_transformers_falcon_multi_query_cache_and_count():
@@ -307,9 +305,9 @@ def test_transformers_falcon_multi_query_cache_and_count():
                                        new_decoder_architecture=False)
     spec = ModelSpec("tiny-falcon", n_layers=2, d_model=64, n_heads=4, n_kv_heads=1, head_dim=16, vocab=100,
                      d_ff=256, tied_embeddings=True)
-    model, _, cache = _forward(transformers.FalconForCausalLM, config, batch_size=2, n_tokens=5)
+    model, cache = _forward(transformers.FalconForCausalLM, config, batch_size=2, n_tokens=5)
     assert param_count(spec, model_layout("Falcon-7B")) == sum(p.numel() for p in model.parameters())
-    assert measured_kv_cache_bytes(cache) == kv_cache_bytes(spec, 2, 5, "fp32")
+    assert cache_bytes(cache) == kv_cache_bytes(spec, 2, 5, "fp32")
 
 
 def test_from_falcon_config_object_reads_multi_query():

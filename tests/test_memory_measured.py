@@ -7,24 +7,21 @@ The embedded SmolLM2-135M-Instruct runs in FP32 (4-byte elements) with grouped-q
 import pytest
 import torch
 
-from labkit.memory import (
-    kv_bytes_per_token, kv_cache_bytes, measured_kv_cache_bytes, output_cache, param_breakdown, param_count,
-    params_12d2, weights_bytes,
-)
+from labkit.memory import kv_bytes_per_token, kv_cache_bytes, param_breakdown, param_count, params_12d2, weights_bytes
+from labkit.runtime import cache_bytes, decode_one_token, prefill
 from labkit.presets import model_preset
 
 
 def _prefill(embedded, batch_size, n_tokens, seed=0):
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, embedded.spec.vocab, (batch_size, n_tokens), generator=generator)  # [batch, seq]
-    with torch.inference_mode():
-        return ids, output_cache(embedded.model(ids, use_cache=True))
+    return ids, prefill(embedded, ids).cache
 
 
 @pytest.mark.parametrize("batch_size,n_tokens", [(1, 1), (1, 17), (2, 64), (3, 5), (4, 128)])
 def test_kv_cache_after_prefill_is_exactly_the_prediction(embedded, batch_size, n_tokens):
     _, cache = _prefill(embedded, batch_size, n_tokens)
-    assert measured_kv_cache_bytes(cache) == kv_cache_bytes(embedded.spec, batch_size, n_tokens, "fp32")
+    assert cache_bytes(cache) == kv_cache_bytes(embedded.spec, batch_size, n_tokens, "fp32")
 
 
 def test_every_layer_holds_keys_and_values_of_the_kv_heads_only(embedded):
@@ -40,11 +37,9 @@ def test_every_layer_holds_keys_and_values_of_the_kv_heads_only(embedded):
 
 def test_each_decode_step_adds_one_token_per_sequence(embedded):
     ids, cache = _prefill(embedded, 2, 10)
-    with torch.inference_mode():
-        for step in range(1, 4):
-            outputs = embedded.model(ids[:, -1:], use_cache=True, cache=cache)
-            cache = output_cache(outputs)
-            assert measured_kv_cache_bytes(cache) == kv_cache_bytes(embedded.spec, 2, 10 + step, "fp32")
+    for step in range(1, 4):
+        cache = decode_one_token(embedded, ids[:, -1:], cache).cache
+        assert cache_bytes(cache) == kv_cache_bytes(embedded.spec, 2, 10 + step, "fp32")
 
 
 def test_weight_bytes_are_the_sum_over_loaded_parameters(embedded):

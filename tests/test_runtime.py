@@ -91,8 +91,11 @@ def test_crop_then_decode_equals_decoding_directly(lm):
 
 def test_crop_rejects_lengths_outside_the_cache(tiny):
     _, cache = prefill(tiny, _ids(tiny, 1, 4))
-    for length in (5, -1, 2.0, True):
-        with pytest.raises(ValueError, match=r"length must be an int in \[0, 4\]"):
+    for length in (5, -1):
+        with pytest.raises(ValueError, match=r"length must be an int in \[0, 4\] \(the cache holds 4 tokens\), got"):
+            crop(cache, length)
+    for length in (2.0, True):  # the wrong type is a TypeError, as everywhere in labkit
+        with pytest.raises(TypeError, match=r"length must be an int in \[0, 4\]"):
             crop(cache, length)
     with pytest.raises(TypeError, match="DynamicCache"):
         crop([(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2))], 1)
@@ -147,14 +150,16 @@ def test_verify_rejects_mismatched_blocks(tiny):
 
 def test_arguments_are_checked_with_a_clear_message(tiny):
     ids = _ids(tiny, 1, 3)
-    with pytest.raises(ValueError, match=r"positions must be one of \('last', 'all'\), got 'first'"):
+    with pytest.raises(ValueError, match=r"positions must be one of \['last', 'all'\], got 'first'"):
         forward(tiny, ids, positions="first")
-    with pytest.raises(TypeError, match="ids must hold integer token ids"):
+    with pytest.raises(TypeError, match=r"ids must be an integer tensor of shape \[batch, seq_len\].*, got a torch.float32"):
         forward(tiny, ids.float())
-    with pytest.raises(ValueError, match=r"ids must be a tensor \[batch, seq_len\].*\(3,\)"):
+    with pytest.raises(ValueError, match=r"ids must be an integer tensor of shape \[batch, seq_len\].*\(3,\)"):
         forward(tiny, ids[0])
-    with pytest.raises(ValueError, match="seq_len >= 1"):
+    with pytest.raises(ValueError, match=r"ids must be .*, got a torch.int64 tensor of shape \(1, 0\)"):
         forward(tiny, ids[:, :0])
+    with pytest.raises(TypeError, match="use_cache must be"):
+        forward(tiny, ids, use_cache=1)
     with pytest.raises(ValueError, match="use_cache=False"):
         forward(tiny, ids, prefill(tiny, ids).cache, use_cache=False)
     with pytest.raises(ValueError, match="token_ids must be \\[batch, 1\\]"):

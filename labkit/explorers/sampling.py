@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from labkit import runtime, validation
 from labkit.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
 
 DEFAULT_PROMPT = "Give me a name for a cat."
@@ -40,13 +41,12 @@ class NextTokenScores:
 
 def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12) -> NextTokenScores:
     """Run the model once on ``prompt`` (as a one-turn chat, or as raw text to continue) and keep the scores."""
-    if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"prompt must be a non-empty string, got {prompt!r}")
-    if isinstance(n_show, bool) or not isinstance(n_show, int) or n_show < 1:
-        raise ValueError(f"n_show must be a positive integer, got {n_show!r}")
-    input_ids = lm.chat_ids(prompt) if chat else lm.tokenizer(prompt, return_tensors="pt")["input_ids"]
-    with torch.inference_mode():
-        logits = lm.model(input_ids).logits[0, -1].float()  # [vocab]: the scores for the next token
+    validation.instance("prompt", prompt, str, "a non-empty string")
+    if not prompt:
+        raise validation.fail(ValueError, "prompt", "a non-empty string", prompt)
+    n_show = validation.integer("n_show", n_show, min=1)
+    input_ids = lm.chat_ids(prompt) if chat else lm.text_ids(prompt)
+    logits = runtime.forward(lm, input_ids, use_cache=False).logits[0].cpu()  # [vocab]: scores for the next token
     ranked = torch.sort(logits, descending=True, stable=True).indices[:n_show].tolist()
     texts = tuple(lm.tokenizer.decode([token_id]) for token_id in ranked)
     model_probs = tuple(torch.softmax(logits, dim=-1)[ranked].tolist())
@@ -186,10 +186,10 @@ def draw_continuations(lm: Any, input_ids: torch.Tensor, n: int = 4, max_new_tok
     """
     from labkit.generation import generate
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise ValueError(f"input_ids must have shape [1, seq_len], got {tuple(input_ids.shape)}")
+    n = validation.integer("n", n, min=1)
+    validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[1, seq_len]")
+    if input_ids.shape[0] != 1:
+        raise validation.fail(ValueError, "input_ids", "a tensor of shape [1, seq_len]", input_ids)
     result = generate(lm, input_ids.repeat(n, 1), max_new_tokens, temperature=temperature, top_k=top_k,
                       top_p=top_p, min_p=min_p, order=order, seed=seed, eos_token_id=lm.tokenizer.eos_token_id)
     return [lm.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
