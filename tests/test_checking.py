@@ -388,3 +388,14 @@ def test_a_lab_that_fails_to_import_is_reported_and_the_others_still_work(a_brok
     assert message in str(summary("98"))
     assert exercises("98") == [] and message in capsys.readouterr().out
     assert "00.softmax_temperature" in [ex.id for ex in exercises()]
+
+
+def test_a_labkit_error_is_saved_without_counting_as_an_attempt(tmp_path):
+    from labkit import progress
+
+    path = tmp_path / "progress.json"
+    progress.record("zz.broken", "error", 0, 1, path=path)
+    progress.record("zz.broken", "failed", 0, 1, path=path)
+    progress.record("zz.broken", "error", 0, 1, path=path)
+    saved = progress.load(path)["zz.broken"]
+    assert (saved["status"], saved["attempts"], saved["best"]) == ("error", 1, "failed")

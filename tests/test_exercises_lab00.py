@@ -2,6 +2,7 @@
 
 import torch
 
+import labkit.sampling
 from labkit.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.sampling import softmax_with_temperature as labkit_softmax
@@ -68,6 +69,14 @@ def calls_labkit(logits, temperature):
     return labkit_softmax(logits, temperature)
 
 
+def calls_another_labkit_function(logits, temperature):  # not the reference, but it does the whole job
+    return labkit.sampling.sampling_probs(logits, temperature=temperature)
+
+
+def does_half_with_labkit(logits, temperature):
+    return torch.softmax(labkit.sampling.apply_temperature(logits, temperature), dim=-1)
+
+
 # Answers of every hand case, written down in advance: what hard-coding looks like.
 _ANSWERS = [(case.args, labkit_softmax(*case.args)) for case in EXERCISE.hand_cases]
 
@@ -90,12 +99,20 @@ ZOO = {
     overflows: "subtract each row's maximum",
     in_place: "changed its input in place",
     calls_labkit: "calls labkit's own `labkit.sampling.softmax_with_temperature`",
+    calls_another_labkit_function: "calls labkit's own `labkit.sampling.sampling_probs`",
+    does_half_with_labkit: "calls labkit's own `labkit.sampling.apply_temperature`",
     memorized: "random case 1 of 25 (seed 0)",
 }
 
 
 def test_the_solution_passes_and_every_bug_fails_with_a_message_that_points_at_it():
     assert_zoo(EXERCISE, solution, ZOO)
+
+
+def test_the_task_text_can_say_what_is_allowed():
+    assert EXERCISE.allowed == ()
+    assert EXERCISE.allowed_text == ("No labkit function may be called inside your function: the check reports any "
+                                     "call into labkit.")
 
 
 def test_the_exercise_is_registered_once_in_its_lab():

@@ -141,6 +141,12 @@ def fills_in_place(logits, k):
     return logits
 
 
+def test_a_kept_tie_is_shown_where_it_is_kept():
+    verdict = str(check_function(TOP_K, keeps_every_tie, seed=0))
+    assert "a tie at the cut: the lower ids win" in verdict
+    assert "largest difference at index (3,): expected -inf (removed), got 2 (kept)" in verdict
+
+
 def test_top_k_zoo():
     assert_zoo(TOP_K, top_k_solution, {
         keeps_every_tie: "keep exactly k tokens",
@@ -246,7 +252,33 @@ def test_labkit_apply_temperature_is_allowed_in_the_nucleus_exercise():
         tempered = labkit_sampling.apply_temperature(logits, temperature)
         return nucleus_solution(tempered, 1.0, top_p) if temperature else nucleus_solution(logits, 0, top_p)
 
+    def notebook_solution(logits, temperature, top_p):  # notebooks/solutions/01_sampling.ipynb, as written there
+        probs = torch.softmax(labkit_sampling.apply_temperature(logits, temperature).double(), dim=-1)
+        ranked, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+        mass_before = ranked.cumsum(dim=-1) - ranked
+        keep_ranked = mass_before < top_p - 1e-6
+        keep_ranked[..., 0] = True
+        keep = keep_ranked.scatter(-1, ids, keep_ranked)
+        kept = probs * keep
+        return (kept / kept.sum(dim=-1, keepdim=True)).to(logits.dtype)
+
+    def with_labkit_probabilities(logits, temperature, top_p):
+        probs = labkit_sampling.softmax_with_temperature(logits, temperature)
+        return nucleus_solution(probs.log(), 1.0, top_p) if temperature else probs
+
     assert check_function(NUCLEUS, with_labkit_temperature).status == "passed"
+    assert check_function(NUCLEUS, notebook_solution).status == "passed"
+    assert "calls labkit's own `labkit.sampling.softmax_with_temperature`" in str(
+        check_function(NUCLEUS, with_labkit_probabilities))
+    assert NUCLEUS.allowed_text == ("You may call `labkit.sampling.apply_temperature`; any other labkit function "
+                                    "is reported by the check.")
+
+
+def test_the_other_sampling_exercises_allow_no_labkit_function():
+    for exercise in (TEMPERATURE, TOP_K, PREDICT):
+        assert exercise.allowed == () and exercise.allowed_text.startswith("No labkit function")
+    verdict = check_function(PREDICT, lambda: __import__("labkit").exercises.lab01.kept_tokens_on_the_model())
+    assert "calls labkit's own `labkit.exercises.lab01.kept_tokens_on_the_model`" in str(verdict)
 
 
 # ----- 01.predict_kept_tokens -----

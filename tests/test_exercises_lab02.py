@@ -59,6 +59,10 @@ def unstable(logits, targets):
     return -(weights / weights.sum(-1, keepdim=True)).gather(-1, targets.unsqueeze(-1)).log().mean()
 
 
+def log_of_softmax(logits, targets):  # stable softmax, but log(0) = -inf once p rounds to 0
+    return -torch.log(torch.softmax(logits, -1)).gather(-1, targets.unsqueeze(-1)).mean()
+
+
 def whole_columns(logits, targets):
     return -torch.log_softmax(logits, dim=-1)[..., targets].mean()
 
@@ -84,6 +88,7 @@ CROSS_ENTROPY_ZOO = {
     log2: "use the natural logarithm (nats)",
     shifted: "do not shift the targets by one",
     unstable: "exp overflows for large logits",
+    log_of_softmax: "use torch.log_softmax, which computes log p = z - logsumexp(z)",
     whole_columns: "pick one entry per position with gather",
     in_place: "changed its input in place",
     torch_loss: "calls the ready-made `torch.nn.functional.cross_entropy`",
@@ -155,6 +160,20 @@ def test_a_stub_is_not_attempted_and_a_memorized_answer_fails():
         return torch.tensor(1.0, dtype=logits.dtype)
 
     assert "random case 1 of 25 (seed 0)" in str(check_function(CROSS_ENTROPY, memorized, seed=0))
+
+
+def test_a_confident_wrong_prediction_costs_1000_nats():
+    verdict = str(check_function(CROSS_ENTROPY, log_of_softmax, seed=0))
+    assert "a confident wrong prediction: logits (1000, 0), target 1" in verdict
+    assert "expected 1000, got inf" in verdict
+    assert labkit_cross_entropy(torch.tensor([[1000.0, 0.0]], dtype=torch.float64), torch.tensor([1])).item() == 1000
+
+
+def test_the_task_texts_say_what_is_allowed():
+    assert CROSS_ENTROPY.allowed_text == (
+        "No labkit function may be called inside your function: the check reports any call into labkit, and so is "
+        "torch's ready-made `torch.nn.functional.cross_entropy`.")
+    assert PERPLEXITY.allowed_text.startswith("No labkit function")
 
 
 def test_the_exercises_are_registered_once_in_their_lab():

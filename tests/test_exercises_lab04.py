@@ -1,12 +1,14 @@
 """The bug zoo of lab 04: the KV-cache mistakes of the seed course (and of learners), each caught with a hint."""
 
+import dataclasses
+
 import pytest
 
 from labkit.budget import kv_batch_capacity
 from labkit.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab04 import EIGHT_B_LIKE, reference_kv_cache_gib, reference_largest_batch
-from labkit.memory import GB, GIB, kv_cache_bytes as labkit_kv_cache_bytes
+from labkit.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes as labkit_kv_cache_bytes, to_gib
 from labkit.presets import model_preset
 from zoo import assert_zoo
 
@@ -74,6 +76,25 @@ KV_ZOO = {
 
 def test_kv_solution_passes():
     assert check_function(KV, kv_solution).status == "passed"
+
+
+def kv_with_allowed_helpers(spec, batch_size, seq_len, bytes_per_value):
+    # the spec's properties (and a copy of it) and labkit's unit conversion are allowed
+    kv_heads = dataclasses.replace(spec).n_heads // spec.query_per_kv
+    return to_gib(2 * batch_size * seq_len * spec.n_layers * kv_heads * spec.head_dim * bytes_per_value)
+
+
+def test_the_spec_and_unit_helpers_are_allowed_other_labkit_functions_are_not():
+    assert check_function(KV, kv_with_allowed_helpers).status == "passed"
+    for exercise in (KV, BATCH):
+        assert exercise.allowed_text == (
+            "You may call `labkit.spec.ModelSpec` (its methods and properties), `labkit.memory.to_gib` and "
+            "`labkit.memory.to_gb`; any other labkit function is reported by the check.")
+
+    def per_token(spec, batch_size, seq_len, bytes_per_value):
+        return kv_bytes_per_token(spec, "bf16") * batch_size * seq_len / 2**30
+
+    assert "calls labkit's own `labkit.memory.kv_bytes_per_token`" in str(check_function(KV, per_token))
 
 
 @pytest.mark.parametrize("wrong,pointer", KV_ZOO.items(), ids=[f.__name__ for f in KV_ZOO])

@@ -105,12 +105,12 @@ CROSS_ENTROPY = register(
         random_case=_random_case,
         hints=("log_softmax over the last dimension, pick each target's entry (gather), negate, average",),
         mistakes=(
+            Mistake("log(softmax) gives log 0 = -inf once a probability rounds to 0: use torch.log_softmax, which "
+                    "computes log p = z - logsumexp(z) without forming p", _log_of_softmax),
             Mistake("the logits are not probabilities: turn them into log-probabilities with log_softmax first",
                     _logits_as_probabilities),
             Mistake("exp overflows for large logits: use torch.log_softmax (it subtracts each row's maximum)",
                     _unstable),
-            Mistake("log(softmax) gives log 0 = -inf once a probability rounds to 0: use torch.log_softmax, which "
-                    "computes log p = z - logsumexp(z) without forming p", _log_of_softmax),
             Mistake("the loss averages -log p(target), not -p(target): take the log of the probabilities",
                     _probabilities),
             Mistake("a loss is positive: it is the NEGATIVE mean log-probability (log p <= 0)", _no_minus),
