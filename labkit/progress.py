@@ -58,7 +58,7 @@ def _write(records: dict[str, dict[str, Any]], path: Path) -> None:
         raise
 
 
-_RANK = {"not attempted": 0, "error": 0, "failed": 1, "passed": 2}  # "error": labkit could not check the answer
+_RANK = {"not attempted": 0, "failed": 1, "passed": 2}
 
 
 def record(exercise_id: str, status: str, points: int, max_points: int, path: Path | None = None) -> None:
@@ -73,7 +73,7 @@ def record(exercise_id: str, status: str, points: int, max_points: int, path: Pa
         "status": status,
         "points": points,
         "max_points": max_points,
-        "attempts": previous.get("attempts", 0) + (status in ("failed", "passed")),
+        "attempts": previous.get("attempts", 0) + (status != "not attempted"),
         "best": status if _RANK[status] > _RANK[best] else best,
         "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

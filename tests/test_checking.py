@@ -390,12 +390,15 @@ def test_a_lab_that_fails_to_import_is_reported_and_the_others_still_work(a_brok
     assert "00.softmax_temperature" in [ex.id for ex in exercises()]
 
 
-def test_a_labkit_error_is_saved_without_counting_as_an_attempt(tmp_path):
+def test_a_labkit_error_is_saved_as_not_attempted(monkeypatch):
+    import labkit.exercises
     from labkit import progress
+    from labkit.exercises import check
 
-    path = tmp_path / "progress.json"
-    progress.record("zz.broken", "error", 0, 1, path=path)
-    progress.record("zz.broken", "failed", 0, 1, path=path)
-    progress.record("zz.broken", "error", 0, 1, path=path)
-    saved = progress.load(path)["zz.broken"]
-    assert (saved["status"], saved["attempts"], saved["best"]) == ("error", 1, "failed")
+    broken = Exercise(id="zz.broken", title="Broken", function="double", reference=_broken_reference,
+                      hand_cases=DOUBLE.hand_cases, random_case=_random_case, n_random=2)
+    monkeypatch.setitem(labkit.exercises._REGISTRY, "zz.broken", broken)
+    verdict = check("zz.broken", {"double": lambda x: 2 * x}, show=False)
+    assert verdict.status == "error"
+    saved = progress.load()["zz.broken"]
+    assert (saved["status"], saved["attempts"], saved["points"]) == ("not attempted", 0, 0)

@@ -121,7 +121,9 @@ def _check(exercise_id: str, namespace: dict[str, Any], show: bool) -> Verdict |
         print(message if message.startswith("labkit") else f"labkit: {message}")
         return None
     verdict = check_function(exercise, namespace.get(exercise.function))
-    progress.record(exercise.id, verdict.status, verdict.points, exercise.points)
+    # labkit's own error judged nothing: the progress file keeps it as not attempted (no attempt spent)
+    status = "not attempted" if verdict.status == "error" else verdict.status
+    progress.record(exercise.id, status, verdict.points, exercise.points)
     if show:
         _show(verdict)
         return None
