@@ -103,12 +103,14 @@ class Exercise:
         names = [f"`{_dotted_name(item)}`" + (" (its methods and properties)" if isinstance(item, type) else "")
                  for item in self.allowed]
         torch_names = [f"`{_dotted_name(item)}`" for item in self.forbidden if _dotted_name(item).startswith("torch")]
-        text = (f"You may call {_join(names)}; any other labkit function is reported by the check"
-                if names else "No labkit function may be called inside your function: the check reports any "
-                              "call into labkit")
-        if torch_names:
-            text += f", and so is torch's ready-made {_join(torch_names)}"
-        return text + "."
+        ready_made = f"torch's ready-made {_join(torch_names)}" if torch_names else ""
+        if names:
+            also = f", and {ready_made}," if ready_made else ""
+            return f"You may call {_join(names)}; any other labkit function{also} is reported by the check."
+        if ready_made:
+            return (f"Neither labkit's functions nor {ready_made} may be called inside your function: the check "
+                    "reports any such call.")
+        return "No labkit function may be called inside your function: the check reports any call into labkit."
 
 
 def _join(names: list[str]) -> str:

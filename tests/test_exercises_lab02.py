@@ -171,8 +171,8 @@ def test_a_confident_wrong_prediction_costs_1000_nats():
 
 def test_the_task_texts_say_what_is_allowed():
     assert CROSS_ENTROPY.allowed_text == (
-        "No labkit function may be called inside your function: the check reports any call into labkit, and so is "
-        "torch's ready-made `torch.nn.functional.cross_entropy`.")
+        "Neither labkit's functions nor torch's ready-made `torch.nn.functional.cross_entropy` may be called inside "
+        "your function: the check reports any such call.")
     assert PERPLEXITY.allowed_text.startswith("No labkit function")
 
 
