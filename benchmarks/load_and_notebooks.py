@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOAD = (
     "import time; started = time.perf_counter(); import torch, transformers; "
     "from transformers import LlamaForCausalLM, AutoTokenizer; imports_s = time.perf_counter() - started; "
-    "from labkit.models import load_model; print(imports_s, load_model(progress=False).load_s)"
+    "from labkit.runtime.models import load_model; print(imports_s, load_model(progress=False).load_s)"
 )
 
 

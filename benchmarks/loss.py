@@ -25,10 +25,10 @@ def _row(label: str, n_tokens: int, seconds: list[float], reference_s: float) ->
 
 
 def main(runs: int = 3, n_score_tokens: int = 1024, n_new_tokens: int = 32) -> None:
-    from labkit.generation import generate
-    from labkit.scoring import score_text
-    from labkit.models import load_model
-    from labkit.texts import load_eval_text, tokenize_sections
+    from labkit.runtime.generation import generate
+    from labkit.runtime.scoring import score_text
+    from labkit.runtime.models import load_model
+    from labkit.core.texts import load_eval_text, tokenize_sections
 
     lm = load_model(progress=False)
     token_ids = tokenize_sections(lm.tokenizer, load_eval_text()).token_ids[:n_score_tokens]

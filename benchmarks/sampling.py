@@ -47,7 +47,7 @@ def _filter_rows(logits: torch.Tensor):
         LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
     )
 
-    from labkit import sampling
+    from labkit.core import sampling
 
     chain = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(50), TopPLogitsWarper(0.9),
                                  MinPLogitsWarper(0.05)])
@@ -82,7 +82,7 @@ def _explorer_latency_ms(lm, moves: int) -> list[float]:
 
 
 def main(runs: int = 41, moves: int = 200) -> None:
-    from labkit.models import load_model
+    from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
     vocab = lm.spec.vocab

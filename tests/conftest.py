@@ -46,6 +46,6 @@ def pytest_runtest_setup(item):
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded model, loaded once for the whole session (from the user's cache, converting if needed)."""
-    from labkit.models import load_model
+    from labkit.runtime.models import load_model
 
     return load_model()

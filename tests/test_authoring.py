@@ -1,11 +1,11 @@
-"""labkit.authoring: learner notebooks are exactly the solutions with answers stubbed."""
+"""labkit.instructor.authoring: learner notebooks are exactly the solutions with answers stubbed."""
 
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from labkit.authoring import KERNELSPEC, STUB, learner_version, strip_solutions
+from labkit.instructor.authoring import KERNELSPEC, STUB, learner_version, strip_solutions
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
@@ -71,3 +71,11 @@ def test_check_markers_are_cell_tags_that_the_learner_copy_keeps(solution_path):
 def test_learner_and_solution_carry_the_kernelspec_jupyterlab_writes():
     for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
         assert nbformat.read(path, as_version=4).metadata["kernelspec"] == KERNELSPEC, path.name
+
+
+def test_every_notebook_starts_with_the_one_colab_cell():
+    from labkit.core.course import colab_cell_source
+
+    for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
+        first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert first.source == colab_cell_source(), f"{path.name}: run `make notebooks`"

@@ -1,4 +1,4 @@
-"""labkit.budget: one GPU's parts, the headroom, and the reverse questions (largest batch, longest context)."""
+"""labkit.core.budget: one GPU's parts, the headroom, and the reverse questions (largest batch, longest context)."""
 
 import dataclasses
 
@@ -6,15 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.budget import (
+from labkit.core.course import CHAPTER_8B
+from labkit.core.budget import (
     GPUSpec, MemoryBudget, activations_bytes, budget, kv_batch_capacity, max_batch_size, max_seq_len,
     workspace_bytes,
 )
-from labkit.memory import GB, GIB, BlockLayout, kv_cache_bytes, param_count
-from labkit.presets import gpu_preset, model_layout, model_preset
-from labkit.spec import ModelSpec
+from labkit.core.memory import GB, GIB, BlockLayout, kv_cache_bytes, param_count
+from labkit.core.presets import gpu_preset, model_layout, model_preset
+from labkit.core.spec import ModelSpec
 
-EIGHT_B_LIKE = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=128256)
+EIGHT_B_LIKE = CHAPTER_8B
 TOY = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
 formats = st.sampled_from(["fp32", "fp16", "bf16", "fp8", "int8", "int4"])
 

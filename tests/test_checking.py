@@ -1,4 +1,4 @@
-"""labkit.checking: the checker reports every kind of broken learner code as a verdict, never a traceback."""
+"""labkit.exercises.checking: the checker reports every kind of broken learner code as a verdict, never a traceback."""
 
 import faulthandler
 import math
@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-import labkit.memory
-import labkit.sampling
-from labkit.checking import Case, Exercise, Mistake, check_function, compare
+import labkit.core.memory
+import labkit.core.sampling
+from labkit.exercises.checking import Case, Exercise, Mistake, check_function, compare
 
 
 def _double(x):
@@ -278,29 +278,29 @@ def test_the_checker_is_fast_on_a_correct_answer():
 
 
 def _triple_gib(x):
-    return labkit.memory.to_gib(3 * 2**30) * x
+    return labkit.core.memory.to_gib(3 * 2**30) * x
 
 
 TRIPLE = Exercise(
     id="zz.triple", title="Triple it", function="triple", reference=lambda x: 3 * x, points=1,
     hand_cases=(Case((torch.tensor([1.0, -2.0]),)),), random_case=_random_case, n_random=3,
-    allowed=(labkit.memory.to_gib,),
+    allowed=(labkit.core.memory.to_gib,),
 )
 
 
 def test_a_call_into_any_labkit_module_is_reported_by_name():
-    verdict = check_function(DOUBLE, lambda x: labkit.sampling.apply_temperature(x, 0.5))
+    verdict = check_function(DOUBLE, lambda x: labkit.core.sampling.apply_temperature(x, 0.5))
     assert verdict.status == "failed"
-    assert "calls labkit's own `labkit.sampling.apply_temperature`" in str(verdict)
-    verdict = check_function(DOUBLE, lambda x: labkit.memory.to_gib(2 * 2**30) * x)
-    assert "calls labkit's own `labkit.memory.to_gib`" in str(verdict)
+    assert "calls labkit's own `labkit.core.sampling.apply_temperature`" in str(verdict)
+    verdict = check_function(DOUBLE, lambda x: labkit.core.memory.to_gib(2 * 2**30) * x)
+    assert "calls labkit's own `labkit.core.memory.to_gib`" in str(verdict)
 
 
 def test_an_allowed_labkit_helper_passes_and_says_so():
     assert check_function(TRIPLE, _triple_gib).status == "passed"
-    assert "labkit.memory.to_gib" in TRIPLE.allowed_text
-    assert "calls labkit's own `labkit.sampling.apply_temperature`" in str(
-        check_function(TRIPLE, lambda x: labkit.sampling.apply_temperature(x, 1 / 3)))
+    assert "labkit.core.memory.to_gib" in TRIPLE.allowed_text
+    assert "calls labkit's own `labkit.core.sampling.apply_temperature`" in str(
+        check_function(TRIPLE, lambda x: labkit.core.sampling.apply_temperature(x, 1 / 3)))
     assert DOUBLE.allowed_text.startswith("No labkit function")
 
 
@@ -392,7 +392,7 @@ def test_a_lab_that_fails_to_import_is_reported_and_the_others_still_work(a_brok
 
 def test_a_labkit_error_is_saved_as_not_attempted(monkeypatch):
     import labkit.exercises
-    from labkit import progress
+    from labkit.exercises import progress
     from labkit.exercises import check
 
     broken = Exercise(id="zz.broken", title="Broken", function="double", reference=_broken_reference,

@@ -2,10 +2,10 @@
 
 import torch
 
-import labkit.sampling
-from labkit.checking import check_function
+import labkit.core.sampling
+from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
-from labkit.sampling import softmax_with_temperature as labkit_softmax
+from labkit.core.sampling import softmax_with_temperature as labkit_softmax
 from zoo import assert_zoo
 
 EXERCISE = get("00.softmax_temperature")
@@ -70,11 +70,11 @@ def calls_labkit(logits, temperature):
 
 
 def calls_another_labkit_function(logits, temperature):  # not the reference, but it does the whole job
-    return labkit.sampling.sampling_probs(logits, temperature=temperature)
+    return labkit.core.sampling.sampling_probs(logits, temperature=temperature)
 
 
 def does_half_with_labkit(logits, temperature):
-    return torch.softmax(labkit.sampling.apply_temperature(logits, temperature), dim=-1)
+    return torch.softmax(labkit.core.sampling.apply_temperature(logits, temperature), dim=-1)
 
 
 # Answers of every hand case, written down in advance: what hard-coding looks like.
@@ -98,9 +98,9 @@ ZOO = {
     no_normalization: "must sum to 1",
     overflows: "subtract each row's maximum",
     in_place: "changed its input in place",
-    calls_labkit: "calls labkit's own `labkit.sampling.softmax_with_temperature`",
-    calls_another_labkit_function: "calls labkit's own `labkit.sampling.sampling_probs`",
-    does_half_with_labkit: "calls labkit's own `labkit.sampling.apply_temperature`",
+    calls_labkit: "calls labkit's own `labkit.core.sampling.softmax_with_temperature`",
+    calls_another_labkit_function: "calls labkit's own `labkit.core.sampling.sampling_probs`",
+    does_half_with_labkit: "calls labkit's own `labkit.core.sampling.apply_temperature`",
     memorized: "random case 1 of 25 (seed 0)",
 }
 

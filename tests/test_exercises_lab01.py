@@ -4,8 +4,8 @@ import math
 
 import torch
 
-import labkit.sampling as labkit_sampling
-from labkit.checking import check_function
+import labkit.core.sampling as labkit_sampling
+from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab01 import PREDICT_PROMPT, kept_tokens_on_the_model
 from zoo import assert_zoo
@@ -85,7 +85,7 @@ def test_apply_temperature_zoo():
         multiplies: "multiplying by T flattens",
         returns_probabilities: "the softmax comes later",
         divides_in_place: "changed its input in place",
-        calls_labkit: "calls labkit's own `labkit.sampling.apply_temperature`",
+        calls_labkit: "calls labkit's own `labkit.core.sampling.apply_temperature`",
     })
 
 
@@ -243,7 +243,7 @@ def test_nucleus_zoo():
         ignores_temperature: "the temperature is not used",
         ties_by_the_higher_id: "LOWER token id first",
         unnormalized_mass: "accumulate probabilities",
-        calls_top_p_filter: "calls labkit's own `labkit.sampling.top_p_filter`",
+        calls_top_p_filter: "calls labkit's own `labkit.core.sampling.top_p_filter`",
     })
 
 
@@ -268,9 +268,9 @@ def test_labkit_apply_temperature_is_allowed_in_the_nucleus_exercise():
 
     assert check_function(NUCLEUS, with_labkit_temperature).status == "passed"
     assert check_function(NUCLEUS, notebook_solution).status == "passed"
-    assert "calls labkit's own `labkit.sampling.softmax_with_temperature`" in str(
+    assert "calls labkit's own `labkit.core.sampling.softmax_with_temperature`" in str(
         check_function(NUCLEUS, with_labkit_probabilities))
-    assert NUCLEUS.allowed_text == ("You may call `labkit.sampling.apply_temperature`; any other labkit function "
+    assert NUCLEUS.allowed_text == ("You may call `labkit.core.sampling.apply_temperature`; any other labkit function "
                                     "is reported by the check.")
 
 

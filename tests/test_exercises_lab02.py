@@ -3,9 +3,9 @@
 import torch
 import torch.nn.functional as F
 
-from labkit.checking import check_function
+from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
-from labkit.loss import cross_entropy as labkit_cross_entropy
+from labkit.core.loss import cross_entropy as labkit_cross_entropy
 from zoo import assert_zoo
 
 CROSS_ENTROPY = get("02.cross_entropy")
@@ -92,7 +92,7 @@ CROSS_ENTROPY_ZOO = {
     whole_columns: "pick one entry per position with gather",
     in_place: "changed its input in place",
     torch_loss: "calls the ready-made `torch.nn.functional.cross_entropy`",
-    calls_labkit: "calls labkit's own `labkit.loss.cross_entropy`",
+    calls_labkit: "calls labkit's own `labkit.core.loss.cross_entropy`",
 }
 
 
@@ -127,7 +127,7 @@ PERPLEXITY_ZOO = {
     arithmetic_mean: "geometric mean of 1/p",
     inverse: "your answer is 1 / perplexity",
     is_the_loss: "perplexity is its exponential",
-    calls_labkit: "calls labkit's own `labkit.loss.cross_entropy`",
+    calls_labkit: "calls labkit's own `labkit.core.loss.cross_entropy`",
 }
 
 

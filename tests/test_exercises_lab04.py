@@ -4,12 +4,12 @@ import dataclasses
 
 import pytest
 
-from labkit.budget import kv_batch_capacity
-from labkit.checking import check_function
+from labkit.core.budget import kv_batch_capacity
+from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab04 import EIGHT_B_LIKE, reference_kv_cache_gib, reference_largest_batch
-from labkit.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes as labkit_kv_cache_bytes, to_gib
-from labkit.presets import model_preset
+from labkit.core.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes as labkit_kv_cache_bytes, to_gib
+from labkit.core.presets import model_preset
 from zoo import assert_zoo
 
 KV = get("04.kv_cache_gib")
@@ -69,7 +69,7 @@ KV_ZOO = {
     seed_formula: "not d_model",
     no_layers: "multiply by n_layers",
     returns_bytes: "return GiB",
-    calls_labkit: "calls labkit's own `labkit.memory.kv_cache_bytes`",
+    calls_labkit: "calls labkit's own `labkit.core.memory.kv_cache_bytes`",
     only_right_on_gqa_with_even_heads: "use spec.head_dim",
 }
 
@@ -88,13 +88,13 @@ def test_the_spec_and_unit_helpers_are_allowed_other_labkit_functions_are_not():
     assert check_function(KV, kv_with_allowed_helpers).status == "passed"
     for exercise in (KV, BATCH):
         assert exercise.allowed_text == (
-            "You may call `labkit.spec.ModelSpec` (its methods and properties), `labkit.memory.to_gib` and "
-            "`labkit.memory.to_gb`; any other labkit function is reported by the check.")
+            "You may call `labkit.core.spec.ModelSpec` (its methods and properties), `labkit.core.memory.to_gib` and "
+            "`labkit.core.memory.to_gb`; any other labkit function is reported by the check.")
 
     def per_token(spec, batch_size, seq_len, bytes_per_value):
         return kv_bytes_per_token(spec, "bf16") * batch_size * seq_len / 2**30
 
-    assert "calls labkit's own `labkit.memory.kv_bytes_per_token`" in str(check_function(KV, per_token))
+    assert "calls labkit's own `labkit.core.memory.kv_bytes_per_token`" in str(check_function(KV, per_token))
 
 
 @pytest.mark.parametrize("wrong,pointer", KV_ZOO.items(), ids=[f.__name__ for f in KV_ZOO])
@@ -151,7 +151,7 @@ BATCH_ZOO = {
     rounds_up: "round DOWN",
     goes_negative: "not a negative batch",
     query_heads: "use spec.n_kv_heads",
-    calls_capacity: "calls labkit's own `labkit.budget.kv_batch_capacity`",
+    calls_capacity: "calls labkit's own `labkit.core.budget.kv_batch_capacity`",
 }
 
 

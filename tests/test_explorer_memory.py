@@ -2,13 +2,13 @@
 
 import pytest
 
-from labkit.budget import budget, max_batch_size
+from labkit.core.budget import budget, max_batch_size
 from labkit.explorers.memory import (
     ATTENTION, GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, memory_explorer, render, steps_html, verdict_text,
     with_attention,
 )
-from labkit.memory import GB, GIB, kv_cache_bytes
-from labkit.presets import gpu_preset, model_layout, model_preset
+from labkit.core.memory import GB, GIB, kv_cache_bytes
+from labkit.core.presets import gpu_preset, model_layout, model_preset
 
 
 def test_compute_agrees_with_the_core_budget():

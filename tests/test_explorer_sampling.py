@@ -6,12 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from labkit.core.course import lesson_logits
 from labkit.explorers.sampling import (
     NextTokenScores, SamplingExplorer, SamplingPlot, compute, draw_continuations, next_token_scores, render,
     summary_html,
 )
 
-LESSON = torch.tensor([8.0, 4.0, 2.0, 1.0]).log()
+LESSON = lesson_logits()
 
 
 def lesson_scores(n_show=4):

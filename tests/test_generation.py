@@ -1,12 +1,12 @@
-"""labkit.generation: greedy equals transformers, seeds reproduce, the cache changes nothing but the cost."""
+"""labkit.runtime.generation: greedy equals transformers, seeds reproduce, the cache changes nothing but the cost."""
 
 import re
 
 import pytest
 import torch
 
-from labkit.generation import Generation, first_divergence, full_logits, generate
-from labkit.sampling import apply_temperature, sampling_probs
+from labkit.runtime.generation import Generation, first_divergence, full_logits, generate
+from labkit.core.sampling import apply_temperature, sampling_probs
 
 PROMPT = "Write one sentence about the sea."
 N_NEW = 20

@@ -1,4 +1,4 @@
-"""labkit.loss and labkit.texts: hand cases, properties, and agreement with torch and transformers."""
+"""labkit.core.loss and labkit.core.texts: hand cases, properties, and agreement with torch and transformers."""
 
 import math
 
@@ -8,15 +8,16 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.loss import (align_next_token, cross_entropy, perplexity, perplexity_from_nll, score_windows,
+from labkit.core.course import lesson_logits
+from labkit.core.loss import (align_next_token, cross_entropy, perplexity, perplexity_from_nll, score_windows,
                          token_surprisal, truncated_log_probs)
 from labkit.runtime import full_logits
-from labkit.scoring import score_text
-from labkit.resources import data_path
-from labkit.sampling import sampling_probs
-from labkit.texts import load_eval_text, parse_sections, tokenize_sections
+from labkit.runtime.scoring import score_text
+from labkit.core.resources import data_path
+from labkit.core.sampling import sampling_probs
+from labkit.core.texts import load_eval_text, parse_sections, tokenize_sections
 
-LOG_8421 = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()
+LOG_8421 = lesson_logits(torch.float64)
 
 
 # --- hand-computed cases --------------------------------------------------------------------------------------

@@ -5,16 +5,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from labkit.runtime import cache_bytes, decode_one_token
-from labkit.memory import (
+from labkit.core.memory import (
     GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, format_bits, kv_bytes_per_token, kv_cache_bytes,
     kv_heads_per_rank, param_breakdown, param_count, params_12d2, sparse_2_4_bytes,
     stored_bytes, to_gb, to_gib, weights_bytes,
 )
-from labkit.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
-from labkit.spec import ModelSpec
+from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
+from labkit.core.course import CHAPTER_8B
+from labkit.core.spec import ModelSpec
 
 # The seed's worked example (section 8.6): 32 layers, 8 KV heads of width 128, as in Llama-3-8B.
-EIGHT_B_LIKE = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=128256)
+EIGHT_B_LIKE = CHAPTER_8B
 TOY = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
 
 
@@ -232,7 +233,7 @@ def test_2_4_sparse_projection_is_56_percent_of_dense():
     (lambda: kv_cache_bytes(TOY, True, 8), TypeError, r"batch_size must be an int >= 0, got True"),
     (lambda: kv_cache_bytes(TOY, "8", 8), TypeError, r"batch_size must be an int >= 0, got '8'"),
     (lambda: bytes_per_value(16), TypeError, r"fmt must be one of \['bf16', .*got 16"),
-    (lambda: kv_cache_bytes({"n_layers": 2}, 1, 8), TypeError, r"spec must be a labkit.spec.ModelSpec"),
+    (lambda: kv_cache_bytes({"n_layers": 2}, 1, 8), TypeError, r"spec must be a labkit.core.spec.ModelSpec"),
     (lambda: stored_bytes(10, "int4", group_size=0), ValueError, r"group_size must be an int >= 1, got 0"),
     (lambda: param_count(dataclasses.replace(TOY, d_ff=None)), ValueError, r"spec.d_ff is None for 'toy'"),
     (lambda: param_count(TOY, layout="llama"), TypeError, r"layout must be a BlockLayout, got 'llama'"),

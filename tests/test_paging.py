@@ -2,10 +2,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labkit.memory import kv_bytes_per_token
-from labkit.paging import Request, request_stream, simulate_kv_allocation
-from labkit.presets import model_preset
-from labkit.spec import ModelSpec
+from labkit.core.memory import kv_bytes_per_token
+from labkit.core.paging import Request, request_stream, simulate_kv_allocation
+from labkit.core.presets import model_preset
+from labkit.core.spec import ModelSpec
 
 # 1 layer, 1 KV head of width 1, BF16: 2 x 2 B = 4 bytes per cached token, so tokens are easy to read off.
 FOUR_BYTES = ModelSpec("4 B/token", n_layers=1, d_model=2, n_heads=1, n_kv_heads=1, head_dim=1, vocab=2)
@@ -73,7 +73,7 @@ def test_paged_waste_is_less_than_one_block_per_request(stream, block_size):
      r"block_size must be an int >= 1, got 0"),
     (lambda: simulate_kv_allocation([Request(40, 1)], FOUR_BYTES, "contiguous", max_seq_len=32), ValueError,
      r"max_seq_len must be >= the longest request \(41 tokens\), got 32"),
-    (lambda: simulate_kv_allocation([(1, 2)], FOUR_BYTES, "paged"), TypeError, r"requests must be a sequence of labkit.paging.Request, got \[\(1, 2\)\]"),
+    (lambda: simulate_kv_allocation([(1, 2)], FOUR_BYTES, "paged"), TypeError, r"requests must be a sequence of labkit.core.paging.Request, got \[\(1, 2\)\]"),
     (lambda: request_stream(3, prompt_len=(9, 5)), ValueError, r"prompt_len must be a \(low, high\) range"),
     (lambda: request_stream(3, output_len=5), TypeError, r"output_len must be a \(low, high\) pair, got 5"),
     (lambda: request_stream(3, output_len=(1, 2, 3)), ValueError, r"output_len must be a \(low, high\) pair"),

@@ -1,4 +1,4 @@
-"""labkit.progress: saved atomically, survives a restart, shrugs off a corrupt copy."""
+"""labkit.exercises.progress: saved atomically, survives a restart, shrugs off a corrupt copy."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from labkit import progress
+from labkit.exercises import progress
 from labkit.exercises import check, summary
 
 

@@ -1,4 +1,4 @@
-"""labkit.sampling: the lesson's worked example by hand, properties, and agreement with transformers' warpers."""
+"""labkit.core.sampling: the lesson's worked example by hand, properties, and agreement with transformers' warpers."""
 
 import math
 
@@ -10,15 +10,17 @@ from transformers.generation.logits_process import (
     LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
 )
 
-import labkit.sampling as sampling
-from labkit.sampling import (
+import labkit.core.sampling as sampling
+
+from labkit.core.course import lesson_logits
+from labkit.core.sampling import (
     TOP_P_TOLERANCE, apply_temperature, entropy_bits, filter_logits, kept_count, kept_mass, min_p_filter, sample,
     sampling_logits, sampling_probs, softmax_with_temperature, top_k_filter, top_p_filter, top_p_filter_reference,
 )
 
 # The lesson's four-token vocabulary A, B, C, D with logits log 8, log 4, log 2, log 1.
-LESSON = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()
-LESSON32 = torch.tensor([8.0, 4.0, 2.0, 1.0]).log()
+LESSON = lesson_logits(torch.float64)
+LESSON32 = lesson_logits()
 
 
 def kept(filtered):

@@ -1,6 +1,6 @@
 import pytest
 
-from labkit.spec import ModelSpec
+from labkit.core.spec import ModelSpec
 
 
 def test_from_llama_style_config_reads_explicit_head_dim():

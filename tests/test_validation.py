@@ -1,4 +1,4 @@
-"""labkit.validation: one rule (TypeError for a wrong type, ValueError out of range) and one message shape."""
+"""labkit.core.validation: one rule (TypeError for a wrong type, ValueError out of range) and one message shape."""
 
 import math
 import re
@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from labkit import validation
-from labkit.budget import workspace_bytes
-from labkit.generation import generate
-from labkit.loss import score_windows
-from labkit.memory import kv_cache_bytes
-from labkit.paging import request_stream
-from labkit.sampling import apply_temperature, sampling_probs, top_k_filter
-from labkit.spec import ModelSpec
-from labkit.validation import boolean, choice, instance, integer, real, shown, tensor
+from labkit.core import validation
+from labkit.core.budget import workspace_bytes
+from labkit.runtime.generation import generate
+from labkit.core.loss import score_windows
+from labkit.core.memory import kv_cache_bytes
+from labkit.core.paging import request_stream
+from labkit.core.sampling import apply_temperature, sampling_probs, top_k_filter
+from labkit.core.spec import ModelSpec
+from labkit.core.validation import boolean, choice, instance, integer, real, shown, tensor
 
 SHAPE = re.compile(r"^(?P<name>\S+) must be (?P<accepted>.+), got (?P<value>.+)$")
 TOY = ModelSpec("toy", n_layers=1, d_model=2, n_heads=1, n_kv_heads=1, head_dim=1, vocab=2)

@@ -1,6 +1,6 @@
 """The bug-zoo assertion every exercise test uses: the solution passes, each known bug fails pointedly."""
 
-from labkit.checking import check_function
+from labkit.exercises.checking import check_function
 
 
 def assert_zoo(exercise, solution, zoo):

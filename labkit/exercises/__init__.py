@@ -4,7 +4,7 @@ Each lab registers its exercises in ``labkit/exercises/labNN.py``. A notebook's 
 
     check("00.softmax_temperature")
 
-which finds the learner's function by name in the notebook, runs :func:`labkit.checking.check_function`, shows
+which finds the learner's function by name in the notebook, runs :func:`labkit.exercises.checking.check_function`, shows
 the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status.
 
 A lab whose exercise module fails to import is recorded, not raised: the other labs keep working, and the
@@ -18,8 +18,8 @@ import io
 import sys
 from typing import Any
 
-from labkit import progress
-from labkit.checking import Exercise, Verdict, check_function
+from labkit.exercises import progress
+from labkit.exercises.checking import Exercise, Verdict, check_function
 
 _REGISTRY: dict[str, Exercise] = {}
 _LOAD_ERRORS: dict[str, str] = {}  # lab -> "ImportError: ..." for a lab module that could not be imported

@@ -10,15 +10,16 @@ import math
 
 import torch
 
-from labkit.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.core.course import lesson_logits
 from labkit.exercises import register
-from labkit.sampling import (
+from labkit.core.sampling import (
     TOP_P_TOLERANCE, apply_temperature, kept_count, sampling_logits, sampling_probs, softmax_with_temperature,
     top_k_filter, top_p_filter,
 )
 
-_LOG_8421 = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()  # the lesson's A, B, C, D
-_LOG_8421_F32 = torch.tensor([8.0, 4.0, 2.0, 1.0]).log()
+_LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
+_LOG_8421_F32 = lesson_logits()
 _INF = math.inf
 
 
@@ -366,7 +367,7 @@ PREDICT_TEMPERATURE, PREDICT_TOP_P = 0.7, 0.9
 
 @functools.lru_cache(maxsize=1)
 def _first_reply_logits() -> torch.Tensor:
-    from labkit.models import load_model
+    from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
     with torch.inference_mode():

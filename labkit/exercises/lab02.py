@@ -7,11 +7,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from labkit.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.core.course import lesson_logits
 from labkit.exercises import register
-from labkit.loss import cross_entropy, perplexity, token_surprisal
+from labkit.core.loss import cross_entropy, perplexity, token_surprisal
 
-_LOG_8421 = torch.tensor([8.0, 4.0, 2.0, 1.0], dtype=torch.float64).log()
+_LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
 
 
 def _random_logits_and_targets(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, str]:

@@ -1,6 +1,6 @@
 """Lab 04's exercises: the KV-cache size of eq. 8.3 in GiB, and the largest batch that fits a GPU.
 
-Both take a labkit.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not n_heads) and
+Both take a labkit.core.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not n_heads) and
 head_dim (not d_model // n_heads). The mistakes below are the ones the seed course itself makes.
 """
 
@@ -10,12 +10,13 @@ import dataclasses
 
 import torch
 
-from labkit.budget import kv_batch_capacity
-from labkit.checking import Case, Exercise, Mistake
+from labkit.core.course import CHAPTER_8B
+from labkit.core.budget import kv_batch_capacity
+from labkit.exercises.checking import Case, Exercise, Mistake
 from labkit.exercises import register
-from labkit.memory import GB, GIB, kv_cache_bytes, to_gb, to_gib
-from labkit.presets import model_preset
-from labkit.spec import ModelSpec
+from labkit.core.memory import GB, GIB, kv_cache_bytes, to_gb, to_gib
+from labkit.core.presets import model_preset
+from labkit.core.spec import ModelSpec
 
 # What the learner may use: the spec's fields and properties, and the unit conversions (GB, GIB are constants).
 _ALLOWED = (ModelSpec, to_gib, to_gb)
@@ -26,8 +27,7 @@ _FORMAT = {4: "fp32", 2: "bf16", 1: "fp8", 0.5: "int4"}
 # Every shortcut gives a different answer on this toy: n_heads/n_kv_heads = 4, d_model/n_heads = 3 x head_dim.
 TOY = ModelSpec("toy: 4 query heads per KV head, head_dim 4 though d_model / n_heads = 12",
                 n_layers=3, d_model=48, n_heads=4, n_kv_heads=1, head_dim=4, vocab=100)
-EIGHT_B_LIKE = ModelSpec("the chapter's example: 32 layers, 8 KV heads of 128", n_layers=32, d_model=4096,
-                         n_heads=32, n_kv_heads=8, head_dim=128, vocab=128256)
+EIGHT_B_LIKE = CHAPTER_8B  # the chapter's example: 32 layers, 8 KV heads of 128
 
 
 def _kv_format(bytes_per_value: float) -> str:

@@ -2,7 +2,7 @@
 
 ``surprisal_html`` returns an HTML string (no widget): each token is a span whose background grows redder with
 its surprisal, with the exact value on hover. The charts are matplotlib Figures drawn without pyplot (no global
-state) and shown as PNG images. The numbers come from ``labkit.loss``; nothing here computes a loss.
+state) and shown as PNG images. The numbers come from ``labkit.core.loss``; nothing here computes a loss.
 """
 
 from __future__ import annotations

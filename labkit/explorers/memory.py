@@ -6,7 +6,7 @@ the largest batch and the longest context that would fit, and the arithmetic wit
 ``render`` moves the bars of a figure drawn once; ``memory_explorer`` wires core ipywidgets to both.
 
 Integer formats store one 2-byte scale per group of 128 weights (as GPTQ/AWQ checkpoints commonly do); the
-activation and workspace parts are labkit.budget's first-order estimates, and the text says so.
+activation and workspace parts are labkit.core.budget's first-order estimates, and the text says so.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import dataclasses
 import html
 from dataclasses import dataclass
 
-from labkit.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
+from labkit.core.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
 from labkit.explorers.canvas import FigureCanvas
-from labkit.memory import GB, GIB, FORMAT_BITS, BlockLayout, kv_heads_per_rank, param_count
-from labkit.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
-from labkit.spec import ModelSpec
+from labkit.core.memory import GB, GIB, FORMAT_BITS, BlockLayout, kv_heads_per_rank, param_count
+from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
+from labkit.core.spec import ModelSpec
 
 ATTENTION = ("as built", "MHA", "GQA", "MQA")
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")

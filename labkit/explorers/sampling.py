@@ -5,7 +5,7 @@ core's temperature and filters on one ``[vocab]`` row) and :func:`render` (bar l
 drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling`` prints p50 and p95). The bars show the prompt's top candidates by the model's own ranking: every
 filter keeps a prefix of that ranking, so the same bars stay meaningful at every setting.
 
-``draw_continuations`` turns :func:`labkit.generation.generate` into text for the explorer's button and the
+``draw_continuations`` turns :func:`labkit.runtime.generation.generate` into text for the explorer's button and the
 notebook.
 """
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from labkit import runtime, validation
-from labkit.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
+from labkit import runtime
+from labkit.core import validation
+from labkit.core.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
 
 DEFAULT_PROMPT = "Give me a name for a cat."
 
@@ -180,11 +181,11 @@ def draw_continuations(lm: Any, input_ids: torch.Tensor, n: int = 4, max_new_tok
                        order: str = "temperature_first") -> list[str]:
     """``n`` continuations of ``input_ids`` (``[1, seq_len]``), drawn as one batch with a seeded generator.
 
-    A thin text wrapper over :func:`labkit.generation.generate` (KV cache, ``sampling_probs`` then ``sample``
+    A thin text wrapper over :func:`labkit.runtime.generation.generate` (KV cache, ``sampling_probs`` then ``sample``
     at every step; rows stop at the end-of-sequence token). Repeatable for a seed on this machine and these
     library versions.
     """
-    from labkit.generation import generate
+    from labkit.runtime.generation import generate
 
     n = validation.integer("n", n, min=1)
     validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[1, seq_len]")
@@ -280,7 +281,7 @@ def sampling_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, n_show: int 
                       chat: bool = True) -> SamplingExplorer:
     """The lab 01 explorer over ``lm`` (default: the embedded model)."""
     if lm is None:
-        from labkit.models import load_model
+        from labkit.runtime.models import load_model
 
         lm = load_model()
     return SamplingExplorer(lm, prompt, n_show, chat)

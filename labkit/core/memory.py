@@ -2,14 +2,14 @@
 
 Used by the memory lab. Every size is an int number of bytes unless the name says otherwise (``*_gb``,
 ``*_gib``). GB (10**9: vendors' memory sizes and GB/s) and GiB (2**30: what nvidia-smi and torch.cuda
-report) are defined once, in ``labkit.resources``, and re-exported here. Equation numbers are the seed
+report) are defined once, in ``labkit.core.resources``, and re-exported here. Equation numbers are the seed
 course's chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
 
 Weights and KV cache are exact counts of the stored payload (the tests check them against transformers'
 real tensors). Left out: sliding-window or cross-layer KV sharing, vocabulary padding and the scales of a
 quantized KV cache. One GPU's whole budget (activation and workspace estimates, what fits, the largest batch
-or context) is ``labkit.budget``; presets of real models and GPUs ``labkit.presets``; paged KV allocation
-``labkit.paging``.
+or context) is ``labkit.core.budget``; presets of real models and GPUs ``labkit.core.presets``; paged KV allocation
+``labkit.core.paging``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.resources import GB, GIB  # defined once for the whole workbook
-from labkit.spec import ModelSpec
-from labkit.validation import boolean, choice, fail, instance, integer, real
+from labkit.core.resources import GB, GIB  # defined once for the whole workbook
+from labkit.core.spec import ModelSpec
+from labkit.core.validation import boolean, choice, fail, instance, integer, real
 
 MIB = 2**20  # binary mebibyte, for small tensors
 
@@ -28,7 +28,7 @@ FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 
 
 
 def _spec(spec: Any) -> ModelSpec:
-    return instance("spec", spec, ModelSpec, "a labkit.spec.ModelSpec")
+    return instance("spec", spec, ModelSpec, "a labkit.core.spec.ModelSpec")
 
 
 def format_bits(fmt: Any, name: str = "fmt") -> int:
@@ -223,7 +223,7 @@ def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = N
         if spec.n_params is not None and param_count(spec, layout) != spec.n_params:
             raise ValueError(
                 f"layout={layout} counts {param_count(spec, layout):,} parameters but spec.n_params is "
-                f"{spec.n_params:,}: pass the model's layout (labkit.presets.model_layout for a preset)"
+                f"{spec.n_params:,}: pass the model's layout (labkit.core.presets.model_layout for a preset)"
             )
     return stored_bytes(n_values, fmt, group_size, scale_bytes)
 

@@ -1,7 +1,7 @@
 """One GPU's memory budget for serving a model: every part, the total, the headroom, and what fits.
 
 Used by the memory lab (lab 04) and its explorer. The exact parts (weights, KV cache) come from
-``labkit.memory``; this module adds the two that can only be estimated, live activations and workspace (each
+``labkit.core.memory``; this module adds the two that can only be estimated, live activations and workspace (each
 docstring states what it assumes), and answers the reverse questions: the largest batch for a context and the
 longest context for a batch, per GPU under tp-way tensor parallelism. Sizes are int bytes; the ``*_gib``
 properties are binary GiB (2**30), the ``*_gb`` ones decimal GB (10**9), never mixed.
@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from labkit.memory import (
+from labkit.core.memory import (
     GB, GIB, LLAMA, BlockLayout, check_shardable, format_bits, kv_cache_bytes, to_gb, to_gib, weights_bytes,
 )
-from labkit.spec import ModelSpec
-from labkit.validation import instance, integer, real
+from labkit.core.spec import ModelSpec
+from labkit.core.validation import instance, integer, real
 
 def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: str = "bf16", tp: int = 1,
                       layout: BlockLayout = LLAMA) -> int:
@@ -150,7 +150,7 @@ def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_
     >>> b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.fits  # 236 params x 2 B; 3 x 2*2 x 2 B
     (472, 24, 232, True)
     """
-    instance("gpu", gpu, GPUSpec, "a GPUSpec (labkit.presets.gpu_preset(name))")
+    instance("gpu", gpu, GPUSpec, "a GPUSpec (labkit.core.presets.gpu_preset(name))")
     format_bits(weight_fmt, "weight_fmt")  # checked here so the message names budget's own argument
     return MemoryBudget(
         weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),

@@ -6,7 +6,7 @@ has a time limit (a runaway cell is interrupted and the run goes on), a cell tha
 and a cell that kills the kernel is skipped on a fresh run of the rest. One exercise crashing never stops the
 others from being graded.
 
-Each kernel runs under the limits of :mod:`labkit.kernel_limits` (memory, CPU time, processes), over IPC sockets
+Each kernel runs under the limits of :mod:`labkit.instructor.kernel_limits` (memory, CPU time, processes), over IPC sockets
 rather than TCP, with one torch thread unless ``OMP_NUM_THREADS`` says otherwise. The random cases of every check
 are drawn from a seed derived from the submission's code, so grading the same submission again gives the same
 grade (a learner re-running a check in the notebook still gets fresh cases).
@@ -35,7 +35,7 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 from traitlets import List, Unicode
 
-from labkit.kernel_limits import Confinement, Limits
+from labkit.instructor.kernel_limits import Confinement, Limits
 
 GRADES_MARKER = "LABKIT-GRADES "
 MAX_KERNEL_DEATHS = 3
@@ -58,7 +58,7 @@ def grade_in_kernel(lab: str, namespace: dict[str, Any], seed: int | None = None
     With a ``seed``, each exercise's random cases, and the global random generators the learner's code may use,
     are seeded from it and the exercise id: the same submission gets the same grade every time.
     """
-    from labkit.checking import check_function
+    from labkit.exercises.checking import check_function
     from labkit.exercises import exercises
 
     results = []
@@ -103,7 +103,7 @@ def _grading_cell(lab: str, seed: int):
     import nbformat
 
     source = (
-        "from labkit.grading import grade_in_kernel as _labkit_grade\n"
+        "from labkit.instructor.grading import grade_in_kernel as _labkit_grade\n"
         "import json as _labkit_json\n"
         f"print({GRADES_MARKER!r} + _labkit_json.dumps(_labkit_grade({lab!r}, globals(), seed={seed})))"
     )
@@ -111,7 +111,7 @@ def _grading_cell(lab: str, seed: int):
 
 
 class LimitedKernelManager(AsyncKernelManager):
-    """A kernel manager that starts the kernel through :mod:`labkit.kernel_limits`' launcher."""
+    """A kernel manager that starts the kernel through :mod:`labkit.instructor.kernel_limits`' launcher."""
 
     launcher = List(Unicode(), help="the command put before the kernel's own command line").tag(config=True)
 
@@ -245,7 +245,7 @@ def format_report(report: dict[str, Any]) -> str:
              f"{'exercise':<28} {'status':<14} points"]
     for result in report["exercises"]:
         lines.append(f"{result['id']:<28} {result['status']:<14} {result['points']}/{result['max_points']}")
-        if result["status"] == "failed":
+        if result["status"] in ("failed", "error"):  # "error": labkit's side broke, the details say what
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
         lines.append(f"cell {error['cell']}: {error['error']}")
@@ -375,7 +375,7 @@ def format_class_summary(reports: list[dict[str, Any]]) -> str:
     counts: dict[str, dict[str, int]] = {}
     for report in reports:
         for result in report["exercises"]:
-            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0})
+            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0, "error": 0})
             tally[result["status"]] += 1
     width = max(28, *(len(ex_id) for ex_id in counts)) if counts else 28
     lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]

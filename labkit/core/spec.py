@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from labkit.validation import integer
+from labkit.core.validation import integer
 
 
 @dataclass(frozen=True)

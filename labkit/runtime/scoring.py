@@ -1,7 +1,7 @@
 """Scoring a long text with a model: one forward pass per window, every token's surprisal, entropy and rank.
 
-The arithmetic (alignment, surprisal, the window rule, :class:`labkit.loss.TextScore`) is the core's
-``labkit.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
+The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.TextScore`) is the core's
+``labkit.core.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
 
 Used by lab 02 (perplexity of the evaluation text) and lab 03 (what quantization costs in perplexity).
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from labkit.loss import TextScore, Window, score_windows, token_surprisal, truncated_log_probs
+from labkit.core.loss import TextScore, Window, score_windows, token_surprisal, truncated_log_probs
 from labkit.runtime import full_logits
-from labkit.validation import real, tensor
+from labkit.core.validation import real, tensor
 
 
 def _pass_logits(model: Any, token_ids: torch.Tensor, piece: Window, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
 
     One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
     target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
-    setting in ``truncations`` (keyword arguments of ``labkit.sampling.sampling_probs``; ``-inf`` where cut).
+    setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
     token_ids: ``[n_tokens]``. ``model``: a LoadedModel or a transformers causal LM. The statistics are computed
     where the model runs (``device``, default its own) and returned on the CPU.

@@ -1,24 +1,10 @@
-"""The only code that runs a model: forward passes, KV caches, draft verification, activation capture, copies.
-
-In reading order: :func:`forward` is one pass (logits in float32 and the updated cache); :func:`prefill` and
-:func:`decode_one_token` are the two passes of a generation loop, and :class:`StepInfo` is what such a loop
-reports after each step; :func:`verify` scores k draft tokens in one pass (speculative decoding); the cache
-helpers measure (:func:`cache_length`, :func:`cache_bytes`), cut back (:func:`crop`) and copy
-(:func:`copy_cache`) a cache; :func:`capture` records chosen modules' inputs or outputs; :func:`model_copy`
-gives a private model to quantize or prune while the shared one stays as loaded.
-
-Every function takes a ``LoadedModel`` or a bare torch module. Token ids are ``[batch, seq_len]`` and go to the
-model's device; results stay there (nothing here assumes CPU). Passes run under ``torch.inference_mode()``, so
-the logits and cache tensors returned are inference tensors: read them, or ``.clone()`` before editing in place.
+"""Forward passes: one pass, prefill, one decode step, every position's logits, verification of draft tokens,
+the model's device, and a private copy of the model. The only code that calls a model.
 
 transformers versions (source read: 4.46.3, 4.57.6, 5.24.0). 5.x names the cache ``cache`` as argument and as
 output field; 4.x names it ``past_key_values``. 4.46 hands back a legacy tuple of (key, value) pairs unless it
-was given a ``Cache``, so :func:`forward` always gives it one. ``DynamicCache.crop(n)`` with ``n < 0`` removes
-``-n`` tokens in every version (5.x accepts nothing else). The last-position shortcut is ``logits_to_keep``
+was given a ``Cache``, so :func:`forward` always gives it one. The last-position shortcut is ``logits_to_keep``
 (``num_logits_to_keep`` in 4.46).
-
-Left out: padding and attention masks (every row of a batch has the same length), static and quantized caches,
-one model spread over several devices. Used by every lab that runs the model (00, 01, 02, 03, 05, 06).
 """
 
 from __future__ import annotations
@@ -27,18 +13,15 @@ import copy
 import dataclasses
 import functools
 import inspect
-import re
 import sys
 from collections.abc import Mapping
-from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from labkit import validation
+from labkit.core import validation
 
 POSITIONS = ("last", "all")
-WHAT = ("input", "output")
 
 
 class Forward(NamedTuple):
@@ -233,179 +216,6 @@ class StepInfo:
     def phase(self) -> str:
         """``"prefill"`` for step 0, else ``"decode"``."""
         return "prefill" if self.step == 0 else "decode"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Caches
-
-
-def _layer_tensors(cache: Any) -> Iterator[torch.Tensor]:
-    """Every key and value tensor of a cache: 4.57+/5.x ``.layers``, 4.46 ``DynamicCache`` or legacy tuples."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        pairs = ((getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in layers)
-    else:
-        try:
-            pairs = iter(cache)  # 4.46 DynamicCache and the legacy format both yield (key, value) per layer
-        except TypeError:
-            raise TypeError(f"cache must be a transformers Cache or a sequence of (key, value), got "
-                            f"{type(cache).__name__}") from None
-    for pair in pairs:
-        yield from (tensor for tensor in pair if isinstance(tensor, torch.Tensor))
-
-
-def cache_length(cache: Any) -> int:
-    """Tokens a cache holds per sequence (0 for None).
-
-    >>> cache_length([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # [batch, n_kv_heads, seq_len, head_dim]
-    3
-    """
-    if cache is None:
-        return 0
-    if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
-    first = next(_layer_tensors(cache), None)
-    return 0 if first is None else int(first.shape[-2])
-
-
-def cache_bytes(cache: Any) -> int:
-    """Bytes held by the key and value tensors of a cache, as measured (storage of the tensors, not a formula).
-
-    >>> cache_bytes([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])  # 2 x 24 FP32 values
-    192
-    """
-    return 0 if cache is None else sum(t.numel() * t.element_size() for t in _layer_tensors(cache))
-
-
-def crop(cache: Any, length: int) -> Any:
-    """Keep the first ``length`` tokens of a cache, in place (drops rejected draft tokens); returns the cache."""
-    current = cache_length(cache)
-    length = validation.integer("length", length, min=0, max=current, note=f"the cache holds {current} tokens")
-    if not hasattr(cache, "crop"):
-        raise TypeError(f"cache must be a transformers DynamicCache (it has crop), got {type(cache).__name__}")
-    if length < current:
-        # A negative count removes that many tokens in every transformers version; 5.x refuses a target length.
-        with torch.inference_mode():
-            cache.crop(length - current)
-    return cache
-
-
-def copy_cache(cache: Any) -> Any:
-    """An independent deep copy: growing or cropping either one leaves the other as it was."""
-    return copy.deepcopy(cache)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Activation capture
-
-
-def layer_names(lm: Any) -> list[str]:
-    """Names of the decoder blocks, in order; their outputs are the residual stream after each layer.
-
-    The blocks are the model's ``ModuleList`` with one entry per hidden layer (``model.layers.<i>`` in Llama,
-    ``gpt_neox.layers.<i>`` in GPT-NeoX, ``transformer.h.<i>`` in GPT-2).
-    """
-    module = module_of(lm)
-    n_layers = getattr(getattr(module, "config", None), "num_hidden_layers", None)
-    lists = [(name, child) for name, child in module.named_modules() if isinstance(child, torch.nn.ModuleList)]
-    matching = [(name, child) for name, child in lists if n_layers is None or len(child) == n_layers]
-    if not matching:
-        raise ValueError(f"no ModuleList of {n_layers} decoder layers in {type(module).__name__}")
-    name, blocks = max(matching, key=lambda pair: len(pair[1]))
-    return [f"{name}.{index}" for index in range(len(blocks))]
-
-
-def _select(module: torch.nn.Module, modules: Any) -> dict[str, torch.nn.Module]:
-    named = {name: child for name, child in module.named_modules() if name}
-    examples = f"names look like {list(named)[::max(1, len(named) // 4)][:4]} (all: model.named_modules())"
-    if isinstance(modules, str):
-        pattern = re.compile(modules)
-        chosen = {name: child for name, child in named.items() if pattern.fullmatch(name)}
-    elif callable(modules):
-        chosen = {name: child for name, child in named.items() if modules(name, child)}
-    elif isinstance(modules, Iterable):
-        names = list(modules)
-        unknown = [name for name in names if name not in named]
-        if unknown:
-            raise ValueError(f"modules names {unknown[:3]} are not in the model; {examples}")
-        chosen = {name: named[name] for name in names}
-    else:
-        raise TypeError(f"modules must be a regular expression, a predicate (name, module) -> bool or a list of "
-                        f"names, got {type(modules).__name__}")
-    if not chosen:
-        raise ValueError(f"modules {modules!r} matches no module; {examples}")
-    return chosen
-
-
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (tuple, list)) else ()
-    return next((item for item in items if isinstance(item, torch.Tensor)), None)
-
-
-def _keep(records: list[torch.Tensor], value: Any) -> None:
-    tensor = _first_tensor(value)
-    if tensor is not None:
-        # A plain CPU copy (not an inference tensor): the learner may edit it, and the pass may reuse its buffer.
-        with torch.inference_mode(False):
-            records.append(tensor.detach().to("cpu", copy=True))
-
-
-@dataclasses.dataclass
-class Capture:
-    """Tensors recorded by :func:`capture`: for each module name, one CPU tensor per call, in call order."""
-
-    what: str  # "input" (the first tensor argument) or "output" (the first tensor of the result)
-    records: dict[str, list[torch.Tensor]]
-
-    @property
-    def names(self) -> list[str]:
-        return list(self.records)
-
-    def __getitem__(self, name: str) -> list[torch.Tensor]:
-        return self.records[name]
-
-    def only(self, name: str) -> torch.Tensor:
-        """The one tensor of a module called exactly once (one forward pass)."""
-        calls = self.records[name]
-        if len(calls) != 1:
-            raise ValueError(f"{name} was called {len(calls)} times; read capture[{name!r}] for every call")
-        return calls[0]
-
-
-@contextmanager
-def capture(lm: Any, modules: Any, *, what: str = "output") -> Iterator[Capture]:
-    """Record the inputs or outputs of chosen modules for the passes run inside the ``with`` block.
-
-    ``modules``: a regular expression matched against whole module names (``r"model\\.layers\\.\\d+"``), a
-    predicate ``(name, module) -> bool`` (``lambda name, m: isinstance(m, torch.nn.Linear)``: the tensors that
-    weight quantization multiplies), or a list of names (:func:`layer_names`). The hooks are removed on exit,
-    also when the block raises.
-
-    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
-    >>> with capture(net, ["0"]) as seen:
-    ...     _ = net(torch.ones(1, 2))
-    >>> seen.only("0").shape, len(net[0]._forward_hooks)
-    (torch.Size([1, 3]), 0)
-    """
-    if what not in WHAT:
-        validation.choice("what", what, WHAT)
-    chosen = _select(module_of(lm), modules)
-    captured = Capture(what, {name: [] for name in chosen})
-    handles = []
-    try:
-        for name, child in chosen.items():
-            records = captured.records[name]
-            if what == "output":
-                handles.append(child.register_forward_hook(lambda _m, _a, out, r=records: _keep(r, out)))
-            else:  # 5.x passes a decoder layer's hidden states positionally, others may pass them by keyword
-                hook = lambda _m, args, kwargs, r=records: _keep(r, args if args else kwargs)  # noqa: E731
-                handles.append(child.register_forward_pre_hook(hook, with_kwargs=True))
-        yield captured
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 # ---------------------------------------------------------------------------------------------------------------

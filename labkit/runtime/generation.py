@@ -2,7 +2,7 @@
 
 The loop, in reading order: ``runtime.prefill`` runs the prompt once and returns the last position's logits and
 the cache; ``runtime.decode_one_token`` feeds one new token per sequence against that cache; :func:`next_tokens`
-turns logits into token ids with ``labkit.sampling`` (temperature 0 is greedy: the first argmax). With the
+turns logits into token ids with ``labkit.core.sampling`` (temperature 0 is greedy: the first argmax). With the
 cache, each step costs one token's forward pass instead of the whole prefix's.
 
 Greedy output equals transformers' ``generate(do_sample=False)`` token for token (a test checks it). A seed
@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from labkit import sampling, validation
+from labkit.core import sampling, validation
 # The model is only ever run through the runtime; these names are re-exported for the labs that call them.
 from labkit.runtime import (StepInfo, cache_length, decode_one_token, full_logits, model_device, prefill,
                             synchronize)
@@ -63,7 +63,7 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
              device: Any = None) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (``[batch, prompt_len]``).
 
-    ``temperature=0`` (the default) is greedy. Sampling draws from ``labkit.sampling.sampling_probs`` with the
+    ``temperature=0`` (the default) is greedy. Sampling draws from ``labkit.core.sampling.sampling_probs`` with the
     given filters; ``seed`` makes the draws reproducible (``None`` uses torch's global generator). Once a
     sequence produces ``eos_token_id`` it is padded with it; generation stops when every sequence has.
     ``use_cache=False`` recomputes the whole prefix at every step (slow; the reference the cache must match).

@@ -160,7 +160,7 @@ def choice(name: str, value: Any, options: Sequence[Any]) -> Any:
 
 
 def instance(name: str, value: Any, cls: type | tuple[type, ...], what: str) -> Any:
-    """An instance of ``cls``; ``what`` says it for the message (e.g. ``"a labkit.spec.ModelSpec"``).
+    """An instance of ``cls``; ``what`` says it for the message (e.g. ``"a labkit.core.spec.ModelSpec"``).
 
     >>> instance("layout", "llama", dict, "a BlockLayout")
     Traceback (most recent call last):

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from labkit.resources import cache_root, load_json
-from labkit.spec import ModelSpec
+from labkit.core.resources import cache_root, load_json
+from labkit.core.spec import ModelSpec
 
 # Bump when the cache layout changes; older caches are rebuilt. 2: safetensors "format" metadata and the tied
 # embedding stored under its embedding name (transformers 4.x refused format 1 or left the matrix on "meta").
@@ -115,7 +115,7 @@ class LoadedModel:
         Greedy removes sampling randomness; the reply is the same on every run with the same weights and kernels,
         and equal token for token to transformers' ``generate(do_sample=False)`` (a test checks it).
         """
-        from labkit.generation import generate
+        from labkit.runtime.generation import generate
 
         input_ids = self.prompt_ids(prompt)
         result = generate(self, input_ids, max_new_tokens, eos_token_id=self.tokenizer.eos_token_id)
@@ -127,8 +127,8 @@ class LoadedModel:
         Pure temperature sampling through labkit's own loop with its own seeded generator (the global torch
         seed is left alone); no top-k or top-p filter is added behind the learner's back.
         """
-        from labkit import validation
-        from labkit.generation import generate
+        from labkit.core import validation
+        from labkit.runtime.generation import generate
 
         validation.integer("n", n, min=1)
         validation.real("temperature", temperature, min=0, min_open=True, note="use chat() for greedy")

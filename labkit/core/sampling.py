@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from labkit import validation
+from labkit.core import validation
 
 TOP_P_TOLERANCE = 1e-6  # a prefix whose float64 mass is within this of p counts as reaching p
 MIN_P_TOLERANCE = 1e-6  # slack on log(min_p): a ratio within about 1e-6 (relative) of min_p reaches it
@@ -61,7 +61,7 @@ _TOP_P_GUARD = 1e-9
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Validation at the public edge (labkit.validation): arguments once, and the logits' values from a row maximum that
+# Validation at the public edge (labkit.core.validation): arguments once, and the logits' values from a row maximum that
 # every step computes anyway, never in an extra pass over [batch, vocab].
 
 

@@ -1,7 +1,7 @@
 """Real models and GPUs as data: ``data/model_presets.json`` and ``data/gpu_presets.json``, each with a source.
 
 Used by the memory lab (and any lab that wants a real model's shape or a real GPU's bandwidth). The files
-ship inside the package as ``labkit.data`` (read through ``labkit.resources``).
+ship inside the package as ``labkit.data`` (read through ``labkit.core.resources``).
 Names are matched case-insensitively; an unknown name raises ValueError listing the known ones.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from labkit.budget import GPUSpec
-from labkit.memory import GB, GIB, BlockLayout
-from labkit.resources import load_json
-from labkit.spec import ModelSpec
+from labkit.core.budget import GPUSpec
+from labkit.core.memory import GB, GIB, BlockLayout
+from labkit.core.resources import load_json
+from labkit.core.spec import ModelSpec
 
 _SPEC_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_params", "d_ff",
                 "tied_embeddings")

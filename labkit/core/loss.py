@@ -8,7 +8,7 @@ Units: natural logarithms give *nats*, base-2 logarithms give *bits* (1 nat = 1 
 perplexity is the same number either way: ``e ** nats == 2 ** bits``.
 
 Long texts are scored in windows of at most ``window`` tokens per forward pass (see :func:`score_windows`); the
-passes themselves run in ``labkit.scoring.score_text`` (the runtime layer), which fills a :class:`TextScore`.
+passes themselves run in ``labkit.runtime.scoring.score_text`` (the runtime layer), which fills a :class:`TextScore`.
 Left out: padding, masks and ``ignore_index`` (one unpadded sequence is what the lab needs).
 
 Used by lab 02; lab 03 reuses the perplexity of a text to measure what quantization costs.
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from labkit.sampling import sampling_logits
-from labkit.validation import choice, integer, real, tensor
+from labkit.core.sampling import sampling_logits
+from labkit.core.validation import choice, integer, real, tensor
 
 UNITS = ("nats", "bits")
 
@@ -119,9 +119,9 @@ def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def truncated_log_probs(logits: torch.Tensor, targets: torch.Tensor, **settings: Any) -> torch.Tensor:
-    """Log-probability of each target under a sampling distribution (``labkit.sampling.sampling_logits``).
+    """Log-probability of each target under a sampling distribution (``labkit.core.sampling.sampling_logits``).
 
-    ``settings`` are the keyword arguments of ``labkit.sampling.sampling_probs`` (temperature, top_k, top_p,
+    ``settings`` are the keyword arguments of ``labkit.core.sampling.sampling_probs`` (temperature, top_k, top_p,
     min_p, order). A target that top-k, top-p or min-p cuts gets probability exactly 0, so log-probability
     ``-inf``: the truncated model calls the reference text impossible, and its cross-entropy on it is infinite.
 

@@ -15,9 +15,9 @@ from typing import Sequence
 
 import numpy as np
 
-from labkit.memory import kv_bytes_per_token
-from labkit.spec import ModelSpec
-from labkit.validation import choice, fail, integer
+from labkit.core.memory import kv_bytes_per_token
+from labkit.core.spec import ModelSpec
+from labkit.core.validation import choice, fail, integer
 
 POLICIES = ("contiguous", "paged")
 
@@ -107,7 +107,7 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
     choice("policy", policy, POLICIES)
     requests = list(requests)
     if not all(isinstance(r, Request) for r in requests):
-        raise fail(TypeError, "requests", "a sequence of labkit.paging.Request", requests)
+        raise fail(TypeError, "requests", "a sequence of labkit.core.paging.Request", requests)
     block_size = integer("block_size", block_size, min=1)
     longest = max((r.total_len for r in requests), default=0)
     if max_seq_len is None:

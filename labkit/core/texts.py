@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from labkit.resources import data_path
+from labkit.core.resources import data_path
 
 EVAL_TEXT = "eval_text.md"
 SEPARATOR = "\n\n"  # appended to every section but the last, so sections read as paragraphs

@@ -59,6 +59,16 @@ def strip_solutions(source: str) -> str:
     return "".join(out)
 
 
+def write_colab_cell(notebook) -> None:
+    """Make the notebook's first code cell the Colab set-up cell of ``labkit.core.course`` (one home for it)."""
+    from labkit.core.course import COLAB_CELL_FIRST_LINE, colab_cell_source
+
+    first = next((cell for cell in notebook.cells if cell.cell_type == "code"), None)
+    if first is None or not first.source.startswith(COLAB_CELL_FIRST_LINE):
+        raise ValueError(f"the first code cell must be the Colab set-up cell, starting with {COLAB_CELL_FIRST_LINE!r}")
+    first.source = colab_cell_source()
+
+
 def learner_version(notebook):
     """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode)."""
     learner = copy.deepcopy(notebook)
@@ -103,6 +113,7 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
             continue
         solution = nbformat.read(solution_path, as_version=4)
         solution.metadata["kernelspec"] = dict(KERNELSPEC)
+        write_colab_cell(solution)
         learner = learner_version(solution)
         learner_path = root / "notebooks" / solution_path.name
         if execute_notebooks:

@@ -3,7 +3,7 @@
 The grader starts each submission's kernel through this launcher, which applies the limits to itself and then
 execs the kernel, so the kernel and everything it forks inherit them::
 
-    python -m labkit.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 [--cgroup DIR] \\
+    python -m labkit.instructor.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 [--cgroup DIR] \\
         -- python -m ipykernel_launcher -f ...
 
 What is enforced, and how:
@@ -139,7 +139,7 @@ class Confinement:
         """The command that goes before the kernel's own command line."""
         limits = self.limits
         cgroup = ["--cgroup", str(self.cgroup)] if self.cgroup else []
-        return [sys.executable, "-m", "labkit.kernel_limits", *cgroup, "--memory-mb", str(limits.memory_mb),
+        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroup, "--memory-mb", str(limits.memory_mb),
                 "--cpu-seconds", str(limits.cpu_seconds), "--max-procs", str(limits.max_procs), "--"]
 
     def describe(self) -> dict[str, str]:
@@ -202,9 +202,9 @@ def apply_limits(limits: Limits, cgroup: Path | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        raise SystemExit("usage: python -m labkit.kernel_limits [options] -- COMMAND ...")
+        raise SystemExit("usage: python -m labkit.instructor.kernel_limits [options] -- COMMAND ...")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m labkit.kernel_limits")
+    parser = argparse.ArgumentParser(prog="python -m labkit.instructor.kernel_limits")
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--max-procs", type=int, required=True)
