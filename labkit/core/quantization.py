@@ -1,0 +1,397 @@
+"""Integer quantization: codes, scales and zero points, and the schemes that cope with outliers.
+
+The two mappings are the seed chapter's eq. 8.4 and 8.5: ``q = clip(round(x / s) + z, q_min, q_max)`` and
+``x_hat = s (q - z)``. Rounding is half to even (``torch.round``), and ``x / s`` is computed as
+``x * (1 / s)``, as torch's quantize kernels do, so codes agree with ``torch.fake_quantize_per_*_affine`` bit for bit.
+
+* ``symmetric``: z = 0, s = max|x| / (2^(bits-1) - 1), codes in [-(2^(bits-1) - 1), 2^(bits-1) - 1]. The code
+  -2^(bits-1) (-128 for INT8) is left out on purpose: with this scale no in-range value rounds to it, and using it
+  would make the grid lopsided (the "restricted range" of LLM.int8() and TensorRT).
+* ``affine``: PyTorch's MinMaxObserver rule on codes [0, 2^bits - 1]: the range is widened to include 0, then
+  s = (x_max - x_min) / (q_max - q_min) and z = q_min - round(x_min / s), clamped into the code range.
+
+Granularity: ``"tensor"`` (one scale), ``"channel"`` (one scale per index along ``axis``; axis 0 of a weight
+``[out, in]`` is per output channel, axis 0 of activations ``[tokens, channels]`` is per token) and ``"group"``
+(consecutive runs of ``group_size`` values along the last dimension, the row a matmul reads).
+
+Outlier-aware schemes: LLM.int8()'s mixed decomposition (Dettmers et al. 2022), SmoothQuant's migration
+(Xiao et al. 2023), and GPTQ (Frantar, Ashkboos, Hoefler and Alistarh, ICLR 2023, arXiv:2210.17323), written
+column by column as its Algorithm 1 without the lazy-batch speed-up. Used by lab 03. Left out: packing codes
+into bytes (counted, not packed), activation reordering in GPTQ, AWQ's scale search, FP8 scaling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from labkit.core.validation import choice, fail, instance, integer, real
+
+SCHEMES = ("symmetric", "affine")
+GRANULARITIES = ("tensor", "channel", "group")
+LLM_INT8_THRESHOLD = 6.0  # Dettmers et al. 2022, section 3.2: a feature dimension with magnitude >= 6 is an outlier
+
+
+def code_range(bits: int, scheme: str) -> tuple[int, int]:
+    """(q_min, q_max) of a scheme.
+
+    >>> code_range(8, "symmetric"), code_range(8, "affine"), code_range(4, "symmetric")
+    ((-127, 127), (0, 255), (-7, 7))
+    """
+    bits = integer("bits", bits, min=2, max=16)
+    if scheme not in SCHEMES:
+        choice("scheme", scheme, SCHEMES)
+    if scheme == "symmetric":
+        return -(2 ** (bits - 1) - 1), 2 ** (bits - 1) - 1
+    return 0, 2**bits - 1
+
+
+def minmax_qparams(x_min: torch.Tensor, x_max: torch.Tensor, q_min: int, q_max: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MinMaxObserver's affine rule: (scale, zero_point) from observed minima and maxima (any matching shapes).
+
+    The table 8.7 example of the seed chapter: values in [-2, 5] on codes 0..7 give s = 1, z = 2.
+
+    >>> minmax_qparams(torch.tensor(-2.0), torch.tensor(5.0), 0, 7)
+    (tensor(1.), tensor(2))
+    """
+    low, high = torch.clamp(x_min, max=0), torch.clamp(x_max, min=0)  # the range always contains 0
+    eps = torch.finfo(low.dtype).eps
+    scale = torch.clamp((high - low) / (q_max - q_min), min=eps)
+    zero_point = torch.clamp(q_min - torch.round(low / scale), q_min, q_max).to(torch.int64)
+    return scale, zero_point
+
+
+def _symmetric_scale(absmax: torch.Tensor, q_max: int) -> torch.Tensor:
+    return torch.clamp(absmax / q_max, min=torch.finfo(absmax.dtype).eps)
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """Integer codes with the scales and zero points that map them back, as stored.
+
+    ``codes`` has the input's shape. ``scales`` and ``zero_points`` broadcast against the codes' *grouped*
+    view: ``[]`` per tensor; the input's shape with 1 except along ``axis`` per channel; and
+    ``[*shape[:-1], n_groups, 1]`` against codes viewed as ``[*shape[:-1], n_groups, group_size]`` per group.
+    """
+
+    codes: torch.Tensor  # int64, the input's shape
+    scales: torch.Tensor  # floating, the input's dtype
+    zero_points: torch.Tensor  # int64, the scales' shape (all 0 when symmetric)
+    bits: int
+    scheme: str
+    granularity: str
+    group_size: int | None = None
+    axis: int | None = None
+
+    def _grouped(self, values: torch.Tensor) -> torch.Tensor:
+        if self.granularity != "group":
+            return values
+        return values.reshape(*values.shape[:-1], -1, self.group_size)
+
+    def dequantize(self) -> torch.Tensor:
+        """x_hat = s (q - z), in the scales' dtype, with the input's shape (eq. 8.5)."""
+        grouped = self._grouped(self.codes)
+        values = (grouped - self.zero_points).to(self.scales.dtype) * self.scales
+        return values.reshape(self.codes.shape)
+
+    @property
+    def n_scales(self) -> int:
+        return self.scales.numel()
+
+    def stored_bytes(self, scale_bytes: int = 2, zero_point_bytes: int = 2) -> int:
+        """Bytes of the packed codes (bits each, rounded up once) plus one scale per group, plus zero points
+        when the scheme is affine (memory.stored_bytes' count with scale_bytes + zero_point_bytes per group).
+
+        >>> quantize(torch.ones(4, 64), 4, granularity="group", group_size=32).stored_bytes()  # 128 B + 8 x 2 B
+        144
+        """
+        scale_bytes = integer("scale_bytes", scale_bytes, min=0)
+        zero_point_bytes = integer("zero_point_bytes", zero_point_bytes, min=0)
+        per_scale = scale_bytes + (zero_point_bytes if self.scheme == "affine" else 0)
+        return -(-self.codes.numel() * self.bits // 8) + self.n_scales * per_scale
+
+
+def _check_input(x: Any) -> torch.Tensor:
+    instance("x", x, torch.Tensor, "a floating torch.Tensor")
+    if not x.is_floating_point():
+        raise fail(TypeError, "x", "a floating torch.Tensor", x)
+    if x.numel() == 0:
+        raise fail(ValueError, "x", "a non-empty tensor", x)
+    if not bool(torch.isfinite(x).all()):
+        raise fail(ValueError, "x", "finite everywhere (no inf or NaN)", x)
+    return x
+
+
+def _check_group_size(x: torch.Tensor, group_size: Any) -> int:
+    if group_size is None:
+        raise fail(ValueError, "group_size", "an int >= 1 when granularity is 'group'", group_size)
+    group_size = integer("group_size", group_size, min=1)
+    row = x.shape[-1] if x.ndim else 1
+    if x.ndim == 0 or row % group_size:
+        raise fail(ValueError, "group_size", f"a divisor of the row length {row} (the last dimension)", group_size)
+    return group_size
+
+
+def quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", granularity: str = "tensor",
+             group_size: int | None = None, axis: int = 0) -> QuantizedTensor:
+    """Quantize a float tensor: codes, scales and zero points (eq. 8.4), returned as a QuantizedTensor.
+
+    ``axis`` is used by ``granularity="channel"`` only: the dimension whose every index gets its own scale.
+
+    >>> q = quantize(torch.tensor([-1.5, 0.5, 3.0]), bits=3)  # symmetric: s = 3 / 3, codes in [-3, 3]
+    >>> q.scales.item(), q.codes.tolist()  # halves round to even: -1.5 -> -2, 0.5 -> 0
+    (1.0, [-2, 0, 3])
+    >>> quantize(torch.zeros(2, 576), 4, granularity="group", group_size=128)
+    Traceback (most recent call last):
+    ...
+    ValueError: group_size must be a divisor of the row length 576 (the last dimension), got 128
+    """
+    x = _check_input(x)
+    q_min, q_max = code_range(bits, scheme)
+    if granularity not in GRANULARITIES:
+        choice("granularity", granularity, GRANULARITIES)
+    if granularity != "group" and group_size is not None:
+        raise fail(ValueError, "group_size", f"None unless granularity is 'group' (it is {granularity!r})", group_size)
+    if granularity == "tensor":
+        view, reduce = x, None
+    elif granularity == "channel":
+        axis = integer("axis", axis, min=-max(x.ndim, 1), max=max(x.ndim, 1) - 1)
+        axis = axis % x.ndim if x.ndim else 0
+        view, reduce = x, tuple(d for d in range(x.ndim) if d != axis)
+    else:
+        group_size = _check_group_size(x, group_size)
+        view, reduce = x.reshape(*x.shape[:-1], -1, group_size), (-1,)
+
+    def amax(t: torch.Tensor) -> torch.Tensor:
+        return t.amax() if reduce is None else t.amax(dim=reduce, keepdim=True)
+
+    def amin(t: torch.Tensor) -> torch.Tensor:
+        return t.amin() if reduce is None else t.amin(dim=reduce, keepdim=True)
+
+    if scheme == "symmetric":
+        scales = _symmetric_scale(amax(view.abs()), q_max)
+        zero_points = torch.zeros(scales.shape, dtype=torch.int64)
+    else:
+        scales, zero_points = minmax_qparams(amin(view), amax(view), q_min, q_max)
+    codes = _codes(view, scales, zero_points, q_min, q_max).reshape(x.shape)
+    return QuantizedTensor(codes, scales, zero_points, bits, scheme, granularity,
+                           group_size if granularity == "group" else None, axis if granularity == "channel" else None)
+
+
+def _codes(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, q_min: int, q_max: int) -> torch.Tensor:
+    # Multiply by the reciprocal like torch's kernels (x / s can differ from x * (1/s) in the last bit).
+    return torch.clamp(torch.round(x * (1.0 / scales)) + zero_points, q_min, q_max).to(torch.int64)
+
+
+def fake_quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", granularity: str = "tensor",
+                  group_size: int | None = None, axis: int = 0) -> torch.Tensor:
+    """Quantize then dequantize: the values a quantized model computes with, in x's dtype and shape.
+
+    >>> fake_quantize(torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0]), bits=3, scheme="affine").tolist()
+    [-2.0, -1.0, 0.0, 1.0, 5.0]
+    """
+    return quantize(x, bits, scheme, granularity, group_size, axis).dequantize()
+
+
+def quantize_with(x: torch.Tensor, scale: Any, zero_point: Any, q_min: int, q_max: int) -> torch.Tensor:
+    """Codes of x with a scale and zero point held fixed (calibrated earlier): values outside the range clip.
+
+    The seed chapter's Table 8.7 last row: 12 with s = 1, z = 2 on codes 0..7 rounds to 14 and clips to 7.
+
+    >>> quantize_with(torch.tensor([-0.6, 1.4, 12.0]), 1.0, 2, 0, 7).tolist()
+    [1, 3, 7]
+    """
+    x = _check_input(x)
+    scale = torch.as_tensor(scale, dtype=x.dtype)
+    return _codes(x, scale, torch.as_tensor(zero_point, dtype=torch.int64), q_min, q_max)
+
+
+def ste_fake_quantize(x: torch.Tensor, scale: float, zero_point: int, q_min: int, q_max: int) -> torch.Tensor:
+    """Fake quantization whose gradient is the clipped straight-through estimator (the seed's eq. 8.6).
+
+    Forward: s (clip(round(x/s) + z) - z). Backward: 1 where x lies in [s (q_min - z), s (q_max - z)], else 0
+    (the clamp's own derivative; rounding is skipped by ``detach``).
+
+    >>> x = torch.tensor([-3.0, 0.4, 9.0], requires_grad=True)
+    >>> ste_fake_quantize(x, 1.0, 2, 0, 7).sum().backward()
+    >>> x.grad.tolist()
+    [0.0, 1.0, 0.0]
+    """
+    low, high = scale * (q_min - zero_point), scale * (q_max - zero_point)
+    inside = torch.clamp(x, low, high)  # derivative 1 inside the representable interval, 0 outside
+    rounded = (torch.clamp(torch.round(x.detach() / scale) + zero_point, q_min, q_max) - zero_point) * scale
+    return inside + (rounded - inside).detach()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Error measures
+
+
+def relative_error(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """||x - x_hat|| / ||x|| (Frobenius), in float64.
+
+    >>> relative_error(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 3.0]))
+    0.2
+    """
+    x64 = x.double()
+    return float(torch.linalg.norm(x64 - x_hat.double()) / torch.linalg.norm(x64))
+
+
+def sqnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10 log10(sum x^2 / sum (x - x_hat)^2); inf when exact.
+
+    >>> sqnr_db(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 3.0]))  # 25 / 1
+    13.979400086720377
+    """
+    noise = float(((x.double() - x_hat.double()) ** 2).sum())
+    return math.inf if noise == 0 else 10 * math.log10(float((x.double() ** 2).sum()) / noise)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Activations: per token, and LLM.int8()'s outlier columns
+
+
+def per_token_fake_quantize(x: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """Symmetric fake quantization with one scale per token (row) of activations ``[..., channels]``."""
+    flat = _check_input(x).reshape(-1, x.shape[-1])
+    return fake_quantize(flat, bits, granularity="channel", axis=0).reshape(x.shape)
+
+
+def outlier_channels(x: torch.Tensor, threshold: float = LLM_INT8_THRESHOLD) -> torch.Tensor:
+    """Bool mask ``[channels]``: channels where some token's magnitude reaches the threshold (LLM.int8(), >= 6).
+
+    >>> outlier_channels(torch.tensor([[0.5, -6.0, 5.9], [1.0, 0.0, 2.0]])).tolist()
+    [False, True, False]
+    """
+    threshold = real("threshold", threshold, min=0, min_open=True)
+    return (_check_input(x).abs() >= threshold).reshape(-1, x.shape[-1]).any(dim=0)
+
+
+def fake_quantize_outliers_kept(x: torch.Tensor, threshold: float = LLM_INT8_THRESHOLD, bits: int = 8) -> torch.Tensor:
+    """Activations as LLM.int8() computes with them: outlier channels exact, the rest per-token INT8.
+
+    The per-token scales are taken over the non-outlier channels only (the outliers no longer set the range).
+    """
+    keep = outlier_channels(x, threshold)
+    rest = x.masked_fill(keep, 0.0)
+    return torch.where(keep, x, per_token_fake_quantize(rest, bits))
+
+
+def int8_decomposed_matmul(x: torch.Tensor, weight: torch.Tensor,
+                           threshold: float = LLM_INT8_THRESHOLD) -> torch.Tensor:
+    """LLM.int8()'s matrix multiplication ``x @ weight.T`` with mixed-precision decomposition.
+
+    Input channels (columns of x) with an outlier >= threshold are multiplied in float; the others in INT8
+    with vector-wise scales: one per token (row of x) and one per output channel (row of weight), both over
+    the non-outlier columns. x: ``[..., in]``, weight: ``[out, in]``; returns ``[..., out]`` in x's dtype.
+    """
+    keep = outlier_channels(x, threshold)  # [in]
+    float_part = x[..., keep] @ weight[:, keep].T
+    x_rest, w_rest = x.masked_fill(keep, 0.0), weight.masked_fill(keep, 0.0)
+    int_part = per_token_fake_quantize(x_rest) @ fake_quantize(w_rest, 8, granularity="channel", axis=0).T
+    return float_part + int_part
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SmoothQuant: move the activations' range into the weights
+
+
+def smoothquant_scales(act_absmax: torch.Tensor, weight_absmax: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """Per input channel j: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) (Xiao et al. 2023, eq. 4).
+
+    ``act_absmax`` and ``weight_absmax`` are ``[in]`` (max over tokens, and over output rows of ``[out, in]``).
+    Zeros are raised to 1e-5 first, as the authors' code does, so a silent channel gets a finite scale.
+
+    >>> smoothquant_scales(torch.tensor([16.0, 1.0]), torch.tensor([1.0, 4.0]), 0.5).tolist()
+    [4.0, 0.5]
+    """
+    alpha = real("alpha", alpha, min=0, max=1)
+    act, wgt = act_absmax.clamp_min(1e-5), weight_absmax.clamp_min(1e-5)
+    return (act.pow(alpha) / wgt.pow(1 - alpha)).clamp_min(1e-5)
+
+
+def smooth(x: torch.Tensor, weight: torch.Tensor, alpha: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x / s, weight * s, s) with s from :func:`smoothquant_scales`: the product x @ weight.T is unchanged.
+
+    The scales divide the *input* channels of x and multiply the matching *columns* of weight ``[out, in]``.
+    """
+    scales = smoothquant_scales(x.reshape(-1, x.shape[-1]).abs().amax(dim=0), weight.abs().amax(dim=0), alpha)
+    return x / scales, weight * scales, scales
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GPTQ (Frantar, Ashkboos, Hoefler, Alistarh 2023)
+
+
+def gptq(weight: torch.Tensor, inputs: torch.Tensor, bits: int = 4, group_size: int | None = None,
+         damp: float = 0.01, scheme: str = "symmetric") -> QuantizedTensor:
+    """GPTQ on one Linear layer: quantize the columns of ``weight [out, in]`` one at a time, pushing each
+    column's rounding error onto the columns not yet quantized through the inverse Hessian of the inputs.
+
+    ``inputs``: calibration activations ``[n_samples, in]``. The layer objective ||W X^T - Q(W) X^T||^2 has the
+    Hessian H = 2 X^T X; ``damp`` adds damp x mean(diag H) to the diagonal (the paper's 1 %), so the Cholesky
+    factorization exists. Returns the same QuantizedTensor layout as ``quantize(weight, bits, scheme,
+    "group", group_size)``, or ``"channel"`` per output row when group_size is None. Computed in float64.
+    """
+    instance("weight", weight, torch.Tensor, "a floating torch.Tensor [out, in]")
+    instance("inputs", inputs, torch.Tensor, "a floating torch.Tensor [n_samples, in]")
+    if weight.ndim != 2:
+        raise fail(ValueError, "weight", "2-D [out, in]", weight)
+    if inputs.ndim != 2 or inputs.shape[1] != weight.shape[1]:
+        raise fail(ValueError, "inputs", f"2-D [n_samples, {weight.shape[1]}]", inputs)
+    damp = real("damp", damp, min=0, min_open=True)
+    q_min, q_max = code_range(bits, scheme)
+    n_in = weight.shape[1]
+    if group_size is not None:
+        group_size = _check_group_size(weight, group_size)
+    W = weight.double().clone()  # updated in place as errors are pushed right
+    X = inputs.double()
+    H = 2 * X.T @ X  # [in, in]
+    dead = torch.diagonal(H) == 0  # an input channel never active: its weights cannot matter
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H += damp * torch.diagonal(H).mean() * torch.eye(n_in, dtype=H.dtype)
+    # Upper Cholesky factor of H^-1: row i holds what quantizing column i does to the later columns (eq. 3 of
+    # the paper, with the rows of H^-1 for already-quantized columns eliminated).
+    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+    width = group_size or n_in
+    n_groups = n_in // width
+    scales = torch.empty(weight.shape[0], n_groups, 1, dtype=torch.float64)
+    zeros = torch.zeros(weight.shape[0], n_groups, 1, dtype=torch.int64)
+    codes = torch.empty(weight.shape, dtype=torch.int64)
+    for i in range(n_in):
+        g = i // width
+        if i % width == 0:  # scales of a group from the weights as updated so far
+            block = W[:, i:i + width]
+            if scheme == "symmetric":
+                scales[:, g] = _symmetric_scale(block.abs().amax(dim=1, keepdim=True), q_max)
+            else:
+                scales[:, g], zeros[:, g] = minmax_qparams(block.amin(1, keepdim=True), block.amax(1, keepdim=True),
+                                                           q_min, q_max)
+        column = W[:, i]
+        codes[:, i] = _codes(column, scales[:, g, 0], zeros[:, g, 0], q_min, q_max)
+        quantized = (codes[:, i] - zeros[:, g, 0]) * scales[:, g, 0]
+        error = (column - quantized) / U[i, i]
+        W[:, i + 1:] -= torch.outer(error, U[i, i + 1:])  # error feedback onto the columns still to do
+    scales = scales.to(weight.dtype)
+    if group_size is None:
+        return QuantizedTensor(codes, scales[:, 0], zeros[:, 0], bits, scheme, "channel", None, 0)
+    return QuantizedTensor(codes, scales, zeros, bits, scheme, "group", group_size, None)
+
+
+def layer_output_error(weight: torch.Tensor, weight_hat: torch.Tensor, inputs: torch.Tensor) -> float:
+    """||X W^T - X W_hat^T|| / ||X W^T||: the layer-output error GPTQ minimizes, relative, in float64."""
+    X = inputs.double()
+    return relative_error(X @ weight.double().T, X @ weight_hat.double().T)
+
+
+def round_to_nearest(weight: torch.Tensor, bits: int = 4, group_size: int | None = None,
+                     scheme: str = "symmetric") -> QuantizedTensor:
+    """Plain round-to-nearest with GPTQ's layout (per output row, or per group): the baseline it is beaten against."""
+    if group_size is None:
+        return quantize(weight, bits, scheme, "channel", axis=0)
+    return quantize(weight, bits, scheme, "group", group_size)
