@@ -4,9 +4,10 @@ import pytest
 
 from labkit.core.budget import budget, max_batch_size
 from labkit.explorers.memory import (
-    ATTENTION, GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, memory_explorer, render, steps_html, verdict_text,
-    with_attention,
+    ATTENTION, GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, kv_context_figure, memory_explorer, paging_figure,
+    render, steps_html, verdict_html, verdict_text, with_attention,
 )
+from labkit.core.paging import request_stream, simulate_kv_allocation
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.presets import gpu_preset, model_layout, model_preset
 
@@ -67,12 +68,12 @@ def test_render_moves_the_same_artists():
     assert figure.bars[1].get_width() == pytest.approx(big.budget.kv_cache_bytes / GB)
     assert figure.axes.get_xlim()[1] > 279  # widened to show what does not fit
     assert figure.canvas.image.value != first and figure.canvas.image.value[:4] == b"\x89PNG"
-    assert "DOES NOT FIT" in steps_html(big) and "&times;" not in steps_html(big)
+    assert "DOES NOT FIT" in verdict_html(big) and "&times;" not in steps_html(big)
 
 
 def test_widget_builds_and_answers_every_control():
-    box = memory_explorer()
-    controls, image, text = box.controls, box.figure.canvas.image, box.children[-1]
+    explorer = memory_explorer()
+    controls, image, text = explorer.controls, explorer.canvas.image, explorer.text
     for name, value in [("model", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
                         ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2)]:
         before = (image.value, text.value)
@@ -80,4 +81,37 @@ def test_widget_builds_and_answers_every_control():
         assert (image.value, text.value) != before, name
     assert "H_kv 1 (of 1, over 2 GPUs)" in text.value  # MQA over 2 GPUs: the single KV head is copied
     controls["model"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
-    assert "impossible setting" in text.value
+    assert "impossible setting" in explorer.verdict.value
+
+
+def test_display_carries_the_widget_and_a_picture_of_it():
+    import base64
+
+    explorer = memory_explorer()
+    bundle = explorer._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.widget.model_id
+    assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
+    assert "VBox" not in bundle["text/plain"]
+
+
+def test_no_number_in_the_text_is_the_explorer_s_own_arithmetic():
+    view = compute("Llama-3-8B", "A100-80GB", "int4", batch_size=2, seq_len=1024, tp=2)
+    b = view.budget
+    for part in (b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.workspace_bytes, b.total_bytes):
+        assert f"{part:,} B" in "".join(view.steps)
+    assert "10% of the GPU" in view.steps[3] and b.workspace_bytes == 8 * 10**9
+
+
+def test_the_lab_s_two_figures_plot_what_the_core_returns():
+    from labkit.core.memory import kv_cache_bytes
+
+    spec = model_preset("Llama-3-8B")
+    figure = kv_context_figure(spec, {"MHA": 32, "GQA": 8}, [256, 1024], capacity_bytes=80 * GB)
+    mha = figure.axes[0].lines[0].get_ydata()
+    assert mha[1] * GIB == kv_cache_bytes(spec.__class__(**{**spec.__dict__, "n_kv_heads": 32}), 1, 1024)
+    stream = request_stream(50, seed=0)
+    paged = [simulate_kv_allocation(stream, spec, "paged", block_size=b, kv_budget_bytes=10 * GB) for b in (1, 16)]
+    whole = simulate_kv_allocation(stream, spec, "contiguous", kv_budget_bytes=10 * GB)
+    figure = paging_figure([1, 16], paged, {"contiguous, longest": whole})
+    waste, fit = figure.axes
+    assert list(fit.lines[0].get_ydata()) == [r.requests_fit for r in paged] and len(waste.lines) == 2

@@ -116,8 +116,19 @@ def test_next_token_scores_validates():
 
 def test_continuations_are_seeded_on_the_real_model(embedded):
     scores = next_token_scores(embedded, "Give me a name for a cat.", n_show=5)
-    assert len(scores.top_texts) == 5 and scores.logits.shape == (embedded.spec.vocab,)
+    assert len(scores.top_texts) == 5 and scores.next_token_logits.shape == (embedded.spec.vocab,)
     first = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
     again = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
     greedy = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, temperature=0.0)
     assert first == again and len(first) == 2 and greedy[0] == greedy[1]
+
+
+def test_layout_keeps_the_figure_at_its_size_and_display_carries_a_picture():
+    import base64
+
+    explorer = SamplingExplorer(FakeLM(torch.tensor([0.0, 3.0, 2.0, 1.0, -1.0, 2.5])), prompt="hello", n_show=4)
+    image = explorer.canvas.image
+    assert image.layout.width == f"{explorer.canvas.pixel_size[0]}px" and image.layout.height == "auto"
+    bundle = explorer._repr_mimebundle_()
+    assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG" and "VBox" not in bundle["text/plain"]
+    assert set(explorer.controls) >= {"temperature", "top_k", "top_p", "min_p", "order", "mode", "run", "draw"}

@@ -203,29 +203,40 @@ def params_12d2(spec: ModelSpec, include_embeddings: bool = False) -> int:
     return blocks + spec.vocab * spec.d_model * (1 if spec.tied_embeddings else 2)
 
 
+def weights_count(spec: ModelSpec, tp: int = 1, layout: BlockLayout = LLAMA) -> int:
+    """How many weights one of tp ranks stores: spec.n_params at tp=1 when known, else param_count's share.
+
+    At tp > 1 the share comes from param_count, which must then reproduce spec.n_params (pass the model's
+    layout).
+
+    >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10,
+    ...                  n_params=1000)
+    >>> weights_count(spec)
+    1000
+    """
+    spec, tp = _spec(spec), integer("tp", tp, min=1)
+    if tp == 1 and spec.n_params is not None:
+        return spec.n_params
+    if spec.n_params is not None and param_count(spec, layout) != spec.n_params:
+        raise ValueError(
+            f"layout={layout} counts {param_count(spec, layout):,} parameters but spec.n_params is "
+            f"{spec.n_params:,}: pass the model's layout (labkit.core.presets.model_layout for a preset)"
+        )
+    return param_count(spec, layout, tp)
+
+
 def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = None, scale_bytes: int = 2,
                   *, tp: int = 1, layout: BlockLayout = LLAMA) -> int:
     """Bytes of the weights one of tp ranks stores in fmt, with one scale per group when group_size is given.
 
-    At tp=1 the count is spec.n_params when known, else param_count(spec, layout). At tp > 1 the count is
-    the rank's share from param_count, which must then reproduce spec.n_params (pass the model's layout).
+    The count is :func:`weights_count` (spec.n_params at tp=1 when known, else param_count's share).
 
     >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10,
     ...                  n_params=1000)
     >>> weights_bytes(spec, "int4"), weights_bytes(spec, "int4", group_size=100)  # 500 + 10 scales of 2 B
     (500, 520)
     """
-    spec, tp = _spec(spec), integer("tp", tp, min=1)
-    if tp == 1 and spec.n_params is not None:
-        n_values = spec.n_params
-    else:
-        n_values = param_count(spec, layout, tp)
-        if spec.n_params is not None and param_count(spec, layout) != spec.n_params:
-            raise ValueError(
-                f"layout={layout} counts {param_count(spec, layout):,} parameters but spec.n_params is "
-                f"{spec.n_params:,}: pass the model's layout (labkit.core.presets.model_layout for a preset)"
-            )
-    return stored_bytes(n_values, fmt, group_size, scale_bytes)
+    return stored_bytes(weights_count(spec, tp, layout), fmt, group_size, scale_bytes)
 
 
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> int:

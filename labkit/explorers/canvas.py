@@ -24,10 +24,17 @@ class FigureCanvas:
     True
     """
 
-    def __init__(self, width_in: float = 8.0, height_in: float = 4.0, dpi: int = 96):
-        self.figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout="constrained")
+    def __init__(self, width_in: float = 8.0, height_in: float = 4.0, dpi: int = 96,
+                 layout: str | None = "constrained"):
+        self.figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout=layout)
         self._agg = FigureCanvasAgg(self.figure)
         self.image = widgets.Image(format="png")
+
+    @property
+    def pixel_size(self) -> tuple[int, int]:
+        """(width, height) of the PNG in pixels: the size the page shows it at (never stretched)."""
+        width, height = self.figure.get_size_inches() * self.figure.dpi
+        return round(width), round(height)
 
     def png(self) -> bytes:
         """The figure as PNG bytes, as drawn now."""
@@ -48,6 +55,14 @@ class FigureCanvas:
         # compress_level 1: a slider-sized image encodes several times faster, for a slightly larger file.
         Image.frombuffer("RGBA", self._agg.get_width_height(), self._agg.buffer_rgba(), "raw", "RGBA", 0, 1).save(
             buffer, format="png", compress_level=1)
+        return buffer.getvalue()
+
+    def snapshot_png(self) -> bytes:
+        """The image as it stands, re-encoded small (the picture a static view of the notebook shows)."""
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.open(io.BytesIO(self.image.value)).save(buffer, format="png", optimize=True)
         return buffer.getvalue()
 
     def refresh(self) -> None:

@@ -15,9 +15,14 @@ import dataclasses
 import html
 from dataclasses import dataclass
 
+from typing import Any, Sequence
+
 from labkit.core.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
+from labkit.core.memory import GB, GIB, BlockLayout, bytes_per_value, kv_cache_bytes, kv_heads_per_rank, weights_count
+from labkit.core.paging import AllocationReport
+from labkit.explorers import base as layout
+from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
-from labkit.core.memory import GB, GIB, FORMAT_BITS, BlockLayout, kv_heads_per_rank, param_count
 from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
 from labkit.core.spec import ModelSpec
 
@@ -26,6 +31,8 @@ WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
 KV_FORMATS = ("fp32", "bf16", "fp8", "int4")
 TP_DEGREES = (1, 2, 4, 8)
 GROUP_SIZE = 128  # integer weight formats: one scale per 128 weights
+SCALE_BYTES = 2  # each such scale is one FP16 number
+WORKSPACE_FRACTION = 0.1  # of the GPU's memory, kept for everything not modelled (labkit.core.budget)
 PARTS = ("weights", "KV cache", "activations (est.)", "workspace (est.)", "free")
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#e8e8e8")
 
@@ -75,22 +82,22 @@ def _size(n_bytes: int) -> str:
 
 def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: int, seq_len: int, weight_fmt: str,
            kv_dtype: str, tp: int) -> tuple[str, ...]:
-    n_weights = spec.n_params if tp == 1 and spec.n_params is not None else param_count(spec, layout, tp)
-    bits = FORMAT_BITS[weight_fmt]
-    weights = f"weights: {n_weights:,} params x {bits / 8:g} B"
+    """The budget's arithmetic as text: every number is one the core returns or one of this module's settings."""
+    n_weights = weights_count(spec, tp, layout)
+    weights = f"weights: {n_weights:,} params x {bytes_per_value(weight_fmt):g} B"
     if weight_fmt.startswith("int"):
-        weights += f" + ceil({n_weights:,} / {GROUP_SIZE}) scales x 2 B"
+        weights += f" + ceil({n_weights:,} / {GROUP_SIZE}) scales x {SCALE_BYTES} B"
     if tp > 1:
         weights = weights.replace("params", f"params on this GPU (1/{tp} of each matrix, norms copied)")
     kv_heads = kv_heads_per_rank(spec, tp)
     kv = (f"KV cache (eq. 8.3): 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
           f"{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x d_h {spec.head_dim} x "
-          f"{FORMAT_BITS[kv_dtype] / 8:g} B")
+          f"{bytes_per_value(kv_dtype):g} B")
     return (
         f"{weights} = {_size(b.weights_bytes)}",
         f"{kv} = {_size(b.kv_cache_bytes)}",
         f"activations (estimate: one layer's prefill tensors + FP32 logits) = {_size(b.activations_bytes)}",
-        f"workspace (estimate: 10% of the GPU) = {_size(b.workspace_bytes)}",
+        f"workspace (estimate: {WORKSPACE_FRACTION:.0%} of the GPU) = {_size(b.workspace_bytes)}",
         f"total = {_size(b.total_bytes)}",
         f"capacity = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB "
         f"= {b.headroom_bytes / GIB:,.2f} GiB",
@@ -108,7 +115,8 @@ def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf1
     as_built, device, layout = model_preset(model), gpu_preset(gpu), model_layout(model)
     spec = as_built
     options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
-                   group_size=GROUP_SIZE if weight_fmt.startswith("int") else None)
+                   group_size=GROUP_SIZE if weight_fmt.startswith("int") else None, scale_bytes=SCALE_BYTES,
+                   workspace_fraction=WORKSPACE_FRACTION)
     try:
         spec = with_attention(as_built, attention)
         b = budget(spec, device, batch_size, seq_len, **options)
@@ -145,8 +153,8 @@ def verdict_text(view: MemoryView) -> str:
 class MemoryFigure:
     """A horizontal stacked bar against the GPU's capacity, drawn once and moved by ``render``."""
 
-    def __init__(self, width_in: float = 7.5, height_in: float = 1.3, dpi: int = 72):
-        self.canvas = FigureCanvas(width_in, height_in, dpi)
+    def __init__(self, width_in: float = 6.0, height_in: float = 1.5, dpi: int = 80):
+        self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.axes = self.canvas.figure.add_subplot()
         self.bars = [self.axes.barh(0, 1.0, left=0.0, height=0.6, color=c, edgecolor="white", label=p)[0]
                      for p, c in zip(PARTS, COLOURS)]
@@ -154,9 +162,10 @@ class MemoryFigure:
         self.axes.set_yticks([])
         self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory", fontsize=8)
         self.axes.tick_params(labelsize=8)
-        # Text is what costs time to draw, so the key is HTML (legend_html) and the layout is solved once.
+        # Text is what costs time to draw, so the key is HTML (legend_html) and the margins are fixed: room on
+        # the right for half of a tick label at the axis end, which the x range moves on every update.
+        self.canvas.figure.subplots_adjust(left=0.02, right=0.95, bottom=0.42, top=0.95)
         self.canvas.refresh()
-        self.canvas.figure.set_layout_engine("none")
 
 
 def legend_html() -> str:
@@ -179,50 +188,129 @@ def render(figure: MemoryFigure, view: MemoryView) -> None:
     figure.canvas.refresh()
 
 
-def steps_html(view: MemoryView) -> str:
-    """The verdict and the arithmetic as HTML lines."""
+def verdict_html(view: MemoryView) -> str:
+    """The verdict line, green when it fits, red when not."""
     colour = "#1a7f37" if view.budget is not None and view.budget.fits else "#cf222e"
-    lines = "<br>".join(html.escape(step) for step in view.steps)
-    return (f'<div style="font-family:monospace;font-size:12px"><b style="color:{colour}">'
-            f"{html.escape(verdict_text(view))}</b><br>{lines}</div>")
+    return f'<div style="font-size:13px;color:{colour}"><b>{html.escape(verdict_text(view))}</b></div>'
 
 
-def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB"):
-    """The KV-cache explorer widget: dropdowns, toggles and log-scaled sliders over compute + render."""
-    import ipywidgets as widgets
+def steps_html(view: MemoryView) -> str:
+    """The arithmetic, one line per part, wrapping inside the output's width."""
+    lines = "".join(f'<div style="padding-left:2em;text-indent:-2em">{html.escape(step)}</div>'
+                    for step in view.steps)
+    return f'<div style="font-family:monospace;font-size:12px;overflow-wrap:anywhere">{lines}</div>'
 
-    controls = {
-        "model": widgets.Dropdown(options=list(model_presets()), value=model, description="model"),
-        "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU"),
-        "weight_fmt": widgets.ToggleButtons(options=WEIGHT_FORMATS, value="bf16", description="weights"),
-        "kv_dtype": widgets.ToggleButtons(options=KV_FORMATS, value="bf16", description="KV cache"),
-        "log2_batch": widgets.IntSlider(value=4, min=0, max=10, description="log2 batch"),
-        "log2_seq": widgets.IntSlider(value=12, min=7, max=17, description="log2 context"),
-        "attention": widgets.ToggleButtons(options=ATTENTION, value="as built", description="attention"),
-        "tp": widgets.ToggleButtons(options=TP_DEGREES, value=1, description="GPUs (TP)"),
-    }
-    for toggle in ("weight_fmt", "kv_dtype", "attention", "tp"):
-        controls[toggle].style.button_width = "64px"
-    sizes = widgets.HTML()
-    text = widgets.HTML()
-    figure = MemoryFigure()
 
-    def update(change=None) -> None:
-        values = {name: control.value for name, control in controls.items()}
-        batch_size, seq_len = 2 ** values.pop("log2_batch"), 2 ** values.pop("log2_seq")
-        view = compute(batch_size=batch_size, seq_len=seq_len, **values)
-        sizes.value = f"batch {batch_size:,} sequences &times; context {seq_len:,} tokens"
-        render(figure, view)
-        text.value = steps_html(view)
+class MemoryExplorer(Explorer):
+    """The KV-cache explorer: dropdowns, toggles and log-scaled sliders over ``compute`` + ``render``."""
 
-    for control in controls.values():
-        control.observe(update, names="value")
-    update()
-    box = widgets.VBox([
-        widgets.HBox([controls["model"], controls["gpu"]]),
-        controls["weight_fmt"], controls["kv_dtype"], controls["attention"], controls["tp"],
-        widgets.HBox([controls["log2_batch"], controls["log2_seq"]]), sizes,
-        figure.canvas.image, widgets.HTML(legend_html()), text,
-    ])
-    box.controls, box.figure = controls, figure  # for tests and the benchmark
-    return box
+    title = "KV-cache explorer"
+
+    def __init__(self, model: str = "Llama-3-8B", gpu: str = "A100-80GB"):
+        import ipywidgets as widgets
+
+        style = layout.description_style(84)
+
+        def toggles(options, value, description, button_width):
+            return widgets.ToggleButtons(options=options, value=value, description=description,
+                                         style={**style, "button_width": f"{button_width}px"},
+                                         layout=layout.full_width())
+
+        self.controls = {
+            "model": widgets.Dropdown(options=list(model_presets()), value=model, description="model", style=style,
+                                      layout=layout.full_width()),
+            "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU", style=style,
+                                    layout=layout.full_width()),
+            "weight_fmt": toggles(WEIGHT_FORMATS, "bf16", "weights", 46),
+            "kv_dtype": toggles(KV_FORMATS, "bf16", "KV cache", 46),
+            "attention": toggles(ATTENTION, "as built", "attention", 62),
+            "tp": toggles(TP_DEGREES, 1, "GPUs (TP)", 46),
+            "log2_batch": widgets.IntSlider(value=4, min=0, max=10, description="log2 batch", style=style,
+                                            layout=layout.full_width()),
+            "log2_seq": widgets.IntSlider(value=12, min=7, max=17, description="log2 context", style=style,
+                                          layout=layout.full_width()),
+        }
+        self.sizes = layout.html_block()
+        self.verdict = layout.html_block()
+        self.text = layout.html_block()
+        self.figure = MemoryFigure()
+        self.canvas = self.figure.canvas
+        for control in self.controls.values():
+            control.observe(self.update, names="value")
+        self.update()
+        c = self.controls
+        figure_column = widgets.VBox([layout.figure_image(self.canvas), widgets.HTML(legend_html()), self.verdict],
+                                     layout=widgets.Layout(flex="0 1 auto", max_width="100%"))
+        self.widget = widgets.VBox([
+            layout.row([layout.column([c["model"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
+                                       c["tp"], c["log2_batch"], c["log2_seq"], self.sizes]),
+                        figure_column]),
+            self.text,
+        ], layout=widgets.Layout(width="100%"))
+
+    def values(self) -> dict[str, Any]:
+        """The controls' settings as compute's arguments (the sliders hold powers of two)."""
+        values = {name: control.value for name, control in self.controls.items()}
+        return dict(batch_size=2 ** values.pop("log2_batch"), seq_len=2 ** values.pop("log2_seq"), **values)
+
+    def update(self, change: Any = None) -> None:
+        view = compute(**self.values())
+        self.sizes.value = (f'<div style="font-size:12px">batch {view.batch_size:,} sequences &times; context '
+                            f"{view.seq_len:,} tokens</div>")
+        render(self.figure, view)
+        self.verdict.value = verdict_html(view)
+        self.text.value = steps_html(view)
+
+
+def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB") -> MemoryExplorer:
+    """The lab 04 explorer (leave it last in a cell to show it)."""
+    return MemoryExplorer(model, gpu)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lab's other pictures: plain figures of numbers the core returns
+
+
+def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Sequence[int], kv_dtype: str = "bf16",
+                      capacity_bytes: int | None = None) -> Any:
+    """KV-cache GiB of one sequence against context, one line per number of KV heads (MHA, GQA, MQA).
+
+    >>> from labkit.core.presets import model_preset
+    >>> figure = kv_context_figure(model_preset("Llama-3-8B"), {"MHA": 32, "MQA": 1}, [256, 512])
+    >>> len(figure.axes[0].lines)
+    2
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 3.4), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    for label, n_kv_heads in kv_heads.items():
+        shape = dataclasses.replace(spec, n_kv_heads=n_kv_heads)
+        axes.plot(list(contexts), [kv_cache_bytes(shape, 1, t, kv_dtype) / GIB for t in contexts], marker="o",
+                  label=label)
+    if capacity_bytes is not None:
+        axes.axhline(capacity_bytes / GIB, color="grey", linestyle="--", label=f"{capacity_bytes / GB:g} GB GPU")
+    axes.set(xscale="log", yscale="log", xlabel="cached tokens (one sequence)",
+             ylabel=f"KV cache, GiB ({kv_dtype.upper()})", title=f"{spec.name}'s shape: KV bytes against context")
+    axes.legend(fontsize=8)
+    return figure
+
+
+def paging_figure(block_sizes: Sequence[int], paged: Sequence[AllocationReport],
+                  contiguous: dict[str, AllocationReport]) -> Any:
+    """Waste and requests that fit against the paged block size, with contiguous reservations as lines."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(9, 3.3), dpi=80, layout="constrained")
+    waste_axes, fit_axes = figure.subplots(1, 2)
+    waste_axes.plot(list(block_sizes), [100 * r.waste_fraction for r in paged], marker="o", label="paged")
+    fit_axes.plot(list(block_sizes), [r.requests_fit for r in paged], marker="o", label="paged")
+    for (label, report), style in zip(contiguous.items(), ("--", ":", "-.")):
+        waste_axes.axhline(100 * report.waste_fraction, color="grey", linestyle=style, label=label)
+        fit_axes.axhline(report.requests_fit, color="grey", linestyle=style, label=label)
+    waste_axes.set(xscale="log", xlabel="block size (tokens)", ylabel="wasted, % of reserved",
+                   title="KV memory reserved but unused")
+    fit_axes.set(xscale="log", xlabel="block size (tokens)", ylabel="requests", title="Requests that fit at once")
+    waste_axes.legend(fontsize=8)
+    fit_axes.legend(fontsize=8)
+    return figure

@@ -20,6 +20,8 @@ import torch
 from labkit import runtime
 from labkit.core import validation
 from labkit.core.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
+from labkit.explorers import base as layout
+from labkit.explorers.base import Explorer
 
 DEFAULT_PROMPT = "Give me a name for a cat."
 
@@ -34,7 +36,7 @@ class NextTokenScores:
 
     prompt: str
     input_ids: torch.Tensor  # [1, seq_len] what the model read (chat template applied or raw text)
-    logits: torch.Tensor  # [vocab] float32
+    next_token_logits: torch.Tensor  # [vocab] float32
     top_ids: tuple[int, ...]  # the first n_show token ids of the ranking (highest logit first, ties by lower id)
     top_texts: tuple[str, ...]  # each decoded on its own
     top_model_probs: tuple[float, ...]  # their probabilities at T = 1, no filter
@@ -47,7 +49,8 @@ def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12)
         raise validation.fail(ValueError, "prompt", "a non-empty string", prompt)
     n_show = validation.integer("n_show", n_show, min=1)
     input_ids = lm.chat_ids(prompt) if chat else lm.text_ids(prompt)
-    logits = runtime.forward(lm, input_ids, use_cache=False).logits[0].cpu()  # [vocab]: scores for the next token
+    next_logits, _ = runtime.forward(lm, input_ids, use_cache=False)  # [1, vocab]: the scores for the next token
+    logits = next_logits[0].cpu()  # [vocab]
     ranked = torch.sort(logits, descending=True, stable=True).indices[:n_show].tolist()
     texts = tuple(lm.tokenizer.decode([token_id]) for token_id in ranked)
     model_probs = tuple(torch.softmax(logits, dim=-1)[ranked].tolist())
@@ -74,7 +77,7 @@ class SamplingView:
 def compute(scores: NextTokenScores, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
             min_p: float = 0.0, order: str = "temperature_first") -> SamplingView:
     """The sampling distribution for one setting, summarized for the bars and the numbers beside them."""
-    logits = scores.logits  # [vocab]
+    logits = scores.next_token_logits  # [vocab]
     final_logits = sampling_logits(logits, temperature, top_k, top_p, min_p, order)
     final_probs = torch.softmax(final_logits, dim=-1)  # [vocab]
     # The filters saw the tempered distribution (temperature first) or the model's own (filters first).
@@ -99,7 +102,7 @@ def summary_html(view: SamplingView) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(repr(token))}</td><td>{model:.4f}</td><td>{'removed' if final == 0 else f'{final:.4f}'}"
         f"</td></tr>" for token, model, final in zip(view.tokens, view.model_probs, view.sampling_probs))
-    return (f"<table style='font-family:monospace;font-size:12px'>{head}"
+    return (f"<table style='font-family:monospace;font-size:12px;width:100%;word-break:break-all'>{head}"
             f"<tr><th>token</th><th>model</th><th>sampling</th></tr>{rows}</table>")
 
 
@@ -200,51 +203,62 @@ def draw_continuations(lm: Any, input_ids: torch.Tensor, n: int = 4, max_new_tok
 # The widget
 
 
-class SamplingExplorer:
+class SamplingExplorer(Explorer):
     """The explorer: a prompt box, sliders, the bar plot, the numbers and a continuations button.
 
     Display it by leaving it as the last expression of a cell. ``update()`` is what a slider move runs.
     """
 
+    title = "sampling explorer"
+
     def __init__(self, lm: Any, prompt: str = DEFAULT_PROMPT, n_show: int = 12, chat: bool = True):
         import ipywidgets as widgets
 
         self.lm, self.n_show = lm, n_show
-        style = {"description_width": "110px"}
-        layout = widgets.Layout(width="420px")
-        self.prompt = widgets.Text(value=prompt, description="prompt", style=style, layout=widgets.Layout(width="520px"))
+        style = layout.description_style()
+        self.prompt = widgets.Text(value=prompt, description="prompt", style=layout.description_style(56),
+                                   layout=widgets.Layout(flex="1 1 320px", min_width="240px", max_width="560px",
+                                                         margin=layout.GAP))
         self.mode = widgets.ToggleButtons(options=["chat", "raw text"], value="chat" if chat else "raw text",
-                                          style={"button_width": "80px"})
-        self.run = widgets.Button(description="run the model", button_style="primary")
+                                          style={"button_width": "76px"}, layout=widgets.Layout(margin=layout.GAP))
+        self.run = widgets.Button(description="run the model", button_style="primary",
+                                  layout=widgets.Layout(width="130px", margin=layout.GAP))
         self.temperature = widgets.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature",
-                                               style=style, layout=layout, readout_format=".2f")
-        self.top_k = widgets.IntSlider(value=0, min=0, max=100, description="top-k (0 = off)", style=style,
-                                       layout=layout)
-        self.top_p = widgets.FloatSlider(value=1.0, min=0.01, max=1.0, step=0.01, description="top-p (1 = off)",
-                                         style=style, layout=layout)
-        self.min_p = widgets.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p (0 = off)",
-                                         style=style, layout=layout)
+                                               style=style, layout=layout.full_width(), readout_format=".2f")
+        self.top_k = widgets.IntSlider(value=0, min=0, max=100, description="top-k (0 off)", style=style,
+                                       layout=layout.full_width())
+        self.top_p = widgets.FloatSlider(value=1.0, min=0.01, max=1.0, step=0.01, description="top-p (1 off)",
+                                         style=style, layout=layout.full_width(), readout_format=".2f")
+        self.min_p = widgets.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p (0 off)",
+                                         style=style, layout=layout.full_width(), readout_format=".2f")
         self.order = widgets.ToggleButtons(options=[("temperature, then filters", "temperature_first"),
                                                     ("filters, then temperature", "filters_first")],
-                                           value="temperature_first", style={"button_width": "190px"})
-        self.numbers = widgets.HTML()
+                                           value="temperature_first", style={"button_width": "166px"})
+        self.numbers = layout.html_block()
         self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
-                                           layout=widgets.Layout(width="160px"))
-        self.draw = widgets.Button(description="draw 4 continuations")
-        self.continuations = widgets.HTML()
+                                           style=layout.description_style(40),
+                                           layout=widgets.Layout(width="150px", margin=layout.GAP))
+        self.draw = widgets.Button(description="draw 4 continuations", layout=widgets.Layout(width="190px",
+                                                                                             margin=layout.GAP))
+        self.continuations = layout.html_block()
         self.plot = SamplingPlot(n_show)
+        self.canvas = self.plot.canvas
+        self.controls = {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                         "min_p": self.min_p, "order": self.order, "mode": self.mode, "prompt": self.prompt,
+                         "run": self.run, "seed": self.seed, "draw": self.draw}
 
         for slider in (self.temperature, self.top_k, self.top_p, self.min_p, self.order):
-            slider.observe(lambda change: self.update(), names="value")
+            slider.observe(self.update, names="value")
         self.run.on_click(lambda button: self.set_prompt())
         self.draw.on_click(lambda button: self.show_continuations())
         self.widget = widgets.VBox([
-            widgets.HBox([self.prompt, self.mode, self.run]),
-            widgets.HBox([widgets.VBox([self.temperature, self.top_k, self.top_p, self.min_p, self.order,
-                                        self.numbers]), self.plot.canvas.image]),
-            widgets.HBox([self.draw, self.seed]),
+            layout.row([self.prompt, self.mode, self.run]),
+            layout.row([layout.column([self.temperature, self.top_k, self.top_p, self.min_p, self.order,
+                                       self.numbers]),
+                        layout.figure_image(self.canvas)]),
+            layout.row([self.draw, self.seed]),
             self.continuations,
-        ])
+        ], layout=widgets.Layout(width="100%"))
         self.set_prompt()
 
     def settings(self) -> dict[str, Any]:
@@ -259,7 +273,7 @@ class SamplingExplorer:
         self.continuations.value = ""
         self.update()
 
-    def update(self) -> None:
+    def update(self, change: Any = None) -> None:
         view = compute(self.scores, **self.settings())
         render(self.plot, view)
         self.numbers.value = summary_html(view)
@@ -269,12 +283,7 @@ class SamplingExplorer:
         texts = draw_continuations(self.lm, self.scores.input_ids, n=4, max_new_tokens=24, seed=self.seed.value,
                                    **self.settings())
         items = "".join(f"<li><code>{html.escape(text)}</code></li>" for text in texts)
-        self.continuations.value = f"<ol>{items}</ol>"
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        self.continuations.value = f"<ol style='margin:0'>{items}</ol>"
 
 
 def sampling_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, n_show: int = 12,
