@@ -1,0 +1,241 @@
+"""Lab 05's latency explorer, and the lab's other pictures (roofline, cached vs uncached steps, batching).
+
+The explorer turns a :class:`labkit.core.timing.LatencyModel` calibrated from the learner's own measurements into
+predicted TTFT, TPOT, E2E and throughput for any prompt length, output length and batch size, with the measured
+points laid over the curves where they were measured. The model is fitted once, before the widget exists; a
+slider move runs :func:`compute` (a few dozen multiplications) and :func:`render` (lines moved in place).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from labkit.core import validation
+from labkit.core.timing import LatencyModel, LatencyPrediction, attainable_flops_per_s
+from labkit.explorers import base as layout
+from labkit.explorers.base import Explorer
+from labkit.explorers.canvas import FigureCanvas
+
+
+@dataclass(frozen=True)
+class MeasuredPoint:
+    """One measured setting: medians of the requests of a batch (seconds)."""
+
+    prompt_len: int
+    output_len: int
+    batch_size: int
+    ttft_s: float
+    tpot_s: float | None
+    e2e_s: float
+    tokens_per_s: float  # output tokens of the whole batch per second
+
+
+def points_from_batches(batch_points: Sequence[Any], prompt_len: int, output_len: int) -> tuple[MeasuredPoint, ...]:
+    """MeasuredPoints from ``labkit.runtime.timing.batching_sweep``'s results (read by attribute)."""
+    return tuple(MeasuredPoint(prompt_len, output_len, p.batch_size, p.ttft_s, p.tpot_s, p.e2e_s, p.tokens_per_s)
+                 for p in batch_points)
+
+
+@dataclass(frozen=True)
+class TimingView:
+    """What the explorer shows for one setting."""
+
+    prompt_len: int
+    output_len: int
+    batch_size: int
+    prediction: LatencyPrediction  # at the chosen batch size
+    batch_sizes: tuple[int, ...]  # the x axis of the curves
+    ttft_curve_s: tuple[float, ...]
+    e2e_curve_s: tuple[float, ...]
+    throughput_curve: tuple[float, ...]  # tokens/s
+    measured: tuple[MeasuredPoint, ...]  # the measured points at this prompt and output length
+    measured_at: tuple[tuple[int, int], ...]  # (prompt_len, output_len) of every measured setting
+
+
+def compute(model: LatencyModel, prompt_len: int, output_len: int, batch_size: int = 1,
+            measured: Sequence[MeasuredPoint] = (), max_batch: int = 16) -> TimingView:
+    """Predictions at one setting and along the batch axis, and the measurements that match the setting.
+
+    >>> model = LatencyModel(0.01, 0.001, 0.05, 0.005, 0.0)
+    >>> view = compute(model, prompt_len=10, output_len=3, batch_size=2, max_batch=4)
+    >>> round(view.prediction.e2e_s, 6)  # TTFT 0.01 + 10 x 2 x 0.001, then 2 steps of 0.05 + 2 x 0.005
+    0.15
+    >>> [round(x, 1) for x in view.throughput_curve]  # 3b tokens / (0.11 + 0.02 b) s
+    [23.1, 40.0, 52.9, 63.2]
+    """
+    validation.instance("model", model, LatencyModel, "a labkit.core.timing.LatencyModel")
+    max_batch = validation.integer("max_batch", max_batch, min=1)
+    batch_size = validation.integer("batch_size", batch_size, min=1, max=max_batch)
+    predictions = [model.predict(prompt_len, output_len, b) for b in range(1, max_batch + 1)]
+    matching = tuple(p for p in measured if (p.prompt_len, p.output_len) == (prompt_len, output_len))
+    return TimingView(
+        prompt_len, output_len, batch_size, predictions[batch_size - 1], tuple(range(1, max_batch + 1)),
+        tuple(p.ttft_s for p in predictions), tuple(p.e2e_s for p in predictions),
+        tuple(p.tokens_per_s for p in predictions), matching,
+        tuple(sorted({(p.prompt_len, p.output_len) for p in measured})))
+
+
+def _ms(seconds: float | None) -> str:
+    return "unavailable (one token)" if seconds is None else f"{seconds * 1e3:,.1f} ms"
+
+
+def summary_html(view: TimingView) -> str:
+    """The predicted numbers at the chosen setting, and the measured ones when this setting was measured."""
+    p = view.prediction
+    lines = [f"<b>predicted</b> (batch {view.batch_size}, prompt {view.prompt_len}, {view.output_len} new tokens):",
+             f"TTFT {_ms(p.ttft_s)} &middot; TPOT {_ms(p.tpot_s)} &middot; E2E {_ms(p.e2e_s)} "
+             f"&middot; {p.tokens_per_s:,.1f} tokens/s over the batch"]
+    here = [m for m in view.measured if m.batch_size == view.batch_size]
+    if here:
+        m = here[0]
+        lines.append(f"<b>measured</b>: TTFT {_ms(m.ttft_s)} &middot; TPOT {_ms(m.tpot_s)} &middot; E2E "
+                     f"{_ms(m.e2e_s)} &middot; {m.tokens_per_s:,.1f} tokens/s (E2E predicted / measured = "
+                     f"{p.e2e_s / m.e2e_s:.2f})")
+    elif view.measured_at:
+        settings = ", ".join(f"prompt {a}, {b} new tokens" for a, b in view.measured_at)
+        lines.append(f"measured points exist at {html.escape(settings)} (batches "
+                     f"{', '.join(str(m.batch_size) for m in view.measured) or 'other settings'})")
+    return f'<div style="font-size:12px;line-height:1.5">{"<br>".join(lines)}</div>'
+
+
+class TimingFigure:
+    """Per-request latency and batch throughput against batch size, drawn once and moved by ``render``."""
+
+    def __init__(self, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80):
+        self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
+        self.latency, self.throughput = self.canvas.figure.subplots(1, 2)
+        self.e2e_line, = self.latency.plot([], [], color="#4c72b0", label="E2E (predicted)")
+        self.ttft_line, = self.latency.plot([], [], color="#dd8452", label="TTFT (predicted)")
+        self.e2e_dots, = self.latency.plot([], [], "o", color="#4c72b0", label="E2E (measured)")
+        self.ttft_dots, = self.latency.plot([], [], "s", color="#dd8452", label="TTFT (measured)")
+        self.tput_line, = self.throughput.plot([], [], color="#55a868", label="predicted")
+        self.tput_dots, = self.throughput.plot([], [], "o", color="#55a868", label="measured")
+        self.cursors = [axes.axvline(1, color="grey", linestyle=":") for axes in (self.latency, self.throughput)]
+        self.latency.set(xlabel="batch size", ylabel="seconds per request")
+        self.throughput.set(xlabel="batch size", ylabel="output tokens/s (batch)")
+        for axes in (self.latency, self.throughput):
+            axes.tick_params(labelsize=8)
+            axes.xaxis.label.set_size(8)
+            axes.yaxis.label.set_size(8)
+        self.latency.legend(fontsize=7, loc="upper left")
+        self.throughput.legend(fontsize=7, loc="upper left")
+        self.canvas.figure.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.97, wspace=0.32)
+        self.canvas.refresh()
+
+
+def render(figure: TimingFigure, view: TimingView) -> None:
+    """Move the curves, the measured markers and the batch cursor; rescale the y axes; refresh the image."""
+    xs = view.batch_sizes
+    figure.e2e_line.set_data(xs, view.e2e_curve_s)
+    figure.ttft_line.set_data(xs, view.ttft_curve_s)
+    figure.tput_line.set_data(xs, view.throughput_curve)
+    measured = sorted(view.measured, key=lambda m: m.batch_size)
+    figure.e2e_dots.set_data([m.batch_size for m in measured], [m.e2e_s for m in measured])
+    figure.ttft_dots.set_data([m.batch_size for m in measured], [m.ttft_s for m in measured])
+    figure.tput_dots.set_data([m.batch_size for m in measured], [m.tokens_per_s for m in measured])
+    for cursor in figure.cursors:
+        cursor.set_xdata([view.batch_size, view.batch_size])
+    top_latency = max([*view.e2e_curve_s, *(m.e2e_s for m in measured)])
+    top_tput = max([*view.throughput_curve, *(m.tokens_per_s for m in measured)])
+    figure.latency.set(xlim=(0.5, xs[-1] + 0.5), ylim=(0, top_latency * 1.1))
+    figure.throughput.set(xlim=(0.5, xs[-1] + 0.5), ylim=(0, top_tput * 1.1))
+    figure.canvas.refresh()
+
+
+class TimingExplorer(Explorer):
+    """Prompt length, output length and batch size sliders over a calibrated latency model."""
+
+    title = "latency explorer"
+
+    def __init__(self, model: LatencyModel, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+                 output_len: int = 16, max_batch: int = 16):
+        import ipywidgets as widgets
+
+        self.model, self.measured, self.max_batch = model, tuple(measured), max_batch
+        style = layout.description_style(96)
+        self.controls = {
+            "prompt_len": widgets.IntSlider(value=prompt_len, min=1, max=1024, description="prompt tokens",
+                                            style=style, layout=layout.full_width()),
+            "output_len": widgets.IntSlider(value=output_len, min=1, max=256, description="new tokens",
+                                            style=style, layout=layout.full_width()),
+            "batch_size": widgets.IntSlider(value=1, min=1, max=max_batch, description="batch size", style=style,
+                                            layout=layout.full_width()),
+        }
+        self.text = layout.html_block()
+        self.figure = TimingFigure()
+        self.canvas = self.figure.canvas
+        for control in self.controls.values():
+            control.observe(self.update, names="value")
+        self.update()
+        c = self.controls
+        self.widget = widgets.VBox([
+            layout.row([layout.column([c["prompt_len"], c["output_len"], c["batch_size"]]),
+                        layout.figure_image(self.canvas)]),
+            self.text,
+        ], layout=widgets.Layout(width="100%"))
+
+    def update(self, change: Any = None) -> None:
+        values = {name: control.value for name, control in self.controls.items()}
+        view = compute(self.model, measured=self.measured, max_batch=self.max_batch, **values)
+        render(self.figure, view)
+        self.text.value = summary_html(view)
+
+
+def timing_explorer(model: LatencyModel, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+                    output_len: int = 16, max_batch: int = 16) -> TimingExplorer:
+    """The lab 05 explorer (leave it last in a cell to show it)."""
+    return TimingExplorer(model, measured, prompt_len, output_len, max_batch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The lab's other pictures: plain figures of numbers the core and the runtime return
+
+
+def roofline_figure(peak_flops_per_s: float, bandwidth_bytes_per_s: float,
+                    points: dict[str, tuple[float, float]], title: str = "this machine's roofline") -> Any:
+    """The roofline (log-log) with labelled points: ``{label: (FLOPs per byte, achieved FLOP/s)}``.
+
+    >>> figure = roofline_figure(1e11, 1e10, {"decode": (0.5, 2e9)})
+    >>> len(figure.axes[0].lines)  # the roof and one point
+    2
+    """
+    from matplotlib.figure import Figure
+
+    import numpy as np
+
+    figure = Figure(figsize=(6.4, 3.4), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    intensities = [i for i, _ in points.values()]
+    low = min([0.1, *intensities]) / 2
+    high = max([10 * peak_flops_per_s / bandwidth_bytes_per_s, *intensities]) * 2
+    grid = np.geomspace(low, high, 200)
+    roof = [attainable_flops_per_s(x, peak_flops_per_s, bandwidth_bytes_per_s) / 1e9 for x in grid]
+    axes.plot(grid, roof, color="black", linewidth=1.5)
+    for label, (intensity, achieved) in points.items():
+        axes.scatter([intensity], [achieved / 1e9], zorder=3)
+        axes.annotate(label, (intensity, achieved / 1e9), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    ridge = peak_flops_per_s / bandwidth_bytes_per_s
+    axes.axvline(ridge, color="grey", linestyle=":")
+    axes.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte)", ylabel="GFLOP/s",
+             title=f"{title}: ridge at {ridge:.1f} FLOPs/byte")
+    return figure
+
+
+def steps_figure(prefix_lens: Sequence[int], cached_step_s: Sequence[float], uncached_step_s: Sequence[float]) -> Any:
+    """Step time against the prefix length, with and without the KV cache (step 0, the prefill, included).
+
+    >>> len(steps_figure([4, 5], [0.2, 0.1], [0.2, 0.25]).axes[0].lines)
+    2
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 3.0), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    axes.plot(list(prefix_lens), [s * 1e3 for s in cached_step_s], "o-", label="with the KV cache")
+    axes.plot(list(prefix_lens), [s * 1e3 for s in uncached_step_s], "s-", label="recomputing the whole prefix")
+    axes.set(xlabel="tokens in the prefix", ylabel="step time (ms)", ylim=(0, None),
+             title="one new token: cached step vs full recomputation")
+    axes.legend(fontsize=8)
+    return figure

@@ -1,0 +1,77 @@
+"""The latency explorer: compute() agrees with the core's model, render() moves artists in place, the widget
+answers every control; the lab's static figures draw."""
+
+import pytest
+
+from labkit.core.timing import LatencyModel
+from labkit.explorers.timing import (
+    MeasuredPoint, TimingFigure, compute, points_from_batches, render, roofline_figure, steps_figure, summary_html,
+    timing_explorer,
+)
+
+MODEL = LatencyModel(0.02, 0.001, 0.06, 0.004, 1e-6)
+MEASURED = (MeasuredPoint(32, 16, 1, 0.05, 0.07, 1.1, 14.5), MeasuredPoint(32, 16, 4, 0.15, 0.08, 1.4, 45.7),
+            MeasuredPoint(64, 8, 2, 0.1, 0.07, 0.6, 26.7))
+
+
+def test_compute_is_the_core_prediction_along_the_batch_axis():
+    view = compute(MODEL, 32, 16, batch_size=4, measured=MEASURED, max_batch=8)
+    assert view.prediction == MODEL.predict(32, 16, 4)
+    assert view.batch_sizes == tuple(range(1, 9))
+    assert view.e2e_curve_s == tuple(MODEL.predict(32, 16, b).e2e_s for b in range(1, 9))
+    assert list(view.throughput_curve) == sorted(view.throughput_curve)  # batching buys throughput...
+    assert list(view.e2e_curve_s) == sorted(view.e2e_curve_s)  # ...and costs every request latency
+    assert [m.batch_size for m in view.measured] == [1, 4]  # only the points measured at this setting
+    assert view.measured_at == ((32, 16), (64, 8))
+
+
+def test_one_token_has_no_tpot_in_the_view_and_text():
+    view = compute(MODEL, 32, 1)
+    assert view.prediction.tpot_s is None and "TPOT unavailable (one token)" in summary_html(view)
+    with pytest.raises(ValueError, match=r"batch_size must be an int in \[1, 4\]"):
+        compute(MODEL, 32, 8, batch_size=5, max_batch=4)
+    with pytest.raises(TypeError, match="model must be a labkit.core.timing.LatencyModel"):
+        compute("model", 32, 8)
+
+
+def test_summary_shows_measured_against_predicted_where_measured():
+    text = summary_html(compute(MODEL, 32, 16, batch_size=4, measured=MEASURED))
+    assert "<b>measured</b>" in text and f"{MODEL.predict(32, 16, 4).e2e_s / 1.4:.2f}" in text
+    elsewhere = summary_html(compute(MODEL, 100, 16, measured=MEASURED))
+    assert "measured points exist at prompt 32, 16 new tokens, prompt 64, 8 new tokens" in elsewhere
+
+
+def test_render_moves_the_same_artists():
+    figure = TimingFigure()
+    lines = list(figure.latency.lines) + list(figure.throughput.lines)
+    render(figure, compute(MODEL, 32, 16, measured=MEASURED))
+    first = figure.canvas.image.value
+    render(figure, compute(MODEL, 512, 128, batch_size=12, measured=MEASURED))
+    assert list(figure.latency.lines) + list(figure.throughput.lines) == lines
+    assert list(figure.e2e_dots.get_xdata()) == []  # no measurement at prompt 512
+    assert figure.cursors[0].get_xdata()[0] == 12
+    assert figure.canvas.image.value != first and figure.canvas.image.value[:4] == b"\x89PNG"
+
+
+def test_widget_answers_every_control_in_place():
+    explorer = timing_explorer(MODEL, MEASURED)
+    image, text = explorer.canvas.image, explorer.text
+    for name, value in [("prompt_len", 64), ("output_len", 8), ("batch_size", 2)]:
+        before = (image.value, text.value)
+        explorer.controls[name].value = value
+        assert (image.value, text.value) != before, name
+    assert "<b>measured</b>" in text.value  # prompt 64, 8 tokens, batch 2 was measured
+    assert explorer.picture()[:4] == b"\x89PNG"
+
+
+def test_points_from_batches_reads_attributes():
+    class Point:
+        batch_size, ttft_s, tpot_s, e2e_s, tokens_per_s = 2, 0.1, 0.05, 0.5, 20.0
+
+    assert points_from_batches([Point()], 32, 5) == (MeasuredPoint(32, 5, 2, 0.1, 0.05, 0.5, 20.0),)
+
+
+def test_static_figures_draw():
+    figure = roofline_figure(1e11, 1e10, {"decode": (0.5, 2e9), "prefill 64": (30.0, 5e10)})
+    assert len(figure.axes[0].collections) == 2 and "ridge at 10.0" in figure.axes[0].get_title()
+    assert len(steps_figure([5, 6, 7], [0.3, 0.1, 0.1], [0.3, 0.3, 0.35]).axes[0].lines) == 2
