@@ -259,3 +259,13 @@ def test_gptq_arguments():
         gptq(torch.zeros(4, 16), torch.zeros(3, 8))
     with pytest.raises(ValueError, match="group_size must be a divisor of the row length 16"):
         gptq(torch.zeros(4, 16), torch.ones(3, 16), group_size=5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes, st.integers(0, 2**31 - 1), st.integers(2, 16), st.sampled_from(["symmetric", "affine"]),
+       st.sampled_from(["tensor", "channel", "group"]))
+def test_fake_quantize_is_exactly_quantize_then_dequantize(shape, seed, bits, scheme, granularity):
+    x = _random(shape, seed, 5.0)
+    size = 8 if granularity == "group" else None
+    assert torch.equal(fake_quantize(x, bits, scheme, granularity, size),
+                       quantize(x, bits, scheme, granularity, size).dequantize())

@@ -120,9 +120,13 @@ def _check_input(x: Any) -> torch.Tensor:
         raise fail(TypeError, "x", "a floating torch.Tensor", x)
     if x.numel() == 0:
         raise fail(ValueError, "x", "a non-empty tensor", x)
-    if not bool(torch.isfinite(x).all()):
-        raise fail(ValueError, "x", "finite everywhere (no inf or NaN)", x)
     return x
+
+
+def _check_finite(x: torch.Tensor, *reductions: torch.Tensor) -> None:
+    # max and min propagate NaN and inf, so checking the (small) reductions checks every element of x.
+    if not all(bool(torch.isfinite(r).all()) for r in reductions):
+        raise fail(ValueError, "x", "finite everywhere (no inf or NaN)", x)
 
 
 def _check_group_size(x: torch.Tensor, group_size: Any) -> int:
@@ -150,6 +154,14 @@ def quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", granular
     ValueError: group_size must be a divisor of the row length 576 (the last dimension), got 128
     """
     x = _check_input(x)
+    view, scales, zero_points, q_min, q_max, group_size, axis = _qparams(x, bits, scheme, granularity, group_size, axis)
+    codes = _codes(view, scales, zero_points, q_min, q_max).reshape(x.shape)
+    return QuantizedTensor(codes, scales, zero_points, bits, scheme, granularity,
+                           group_size if granularity == "group" else None, axis if granularity == "channel" else None)
+
+
+def _qparams(x: torch.Tensor, bits: int, scheme: str, granularity: str, group_size: Any, axis: Any):
+    """(grouped view of x, scales, zero points, q_min, q_max, group_size, axis), arguments validated."""
     q_min, q_max = code_range(bits, scheme)
     if granularity not in GRANULARITIES:
         choice("granularity", granularity, GRANULARITIES)
@@ -172,13 +184,15 @@ def quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", granular
         return t.amin() if reduce is None else t.amin(dim=reduce, keepdim=True)
 
     if scheme == "symmetric":
-        scales = _symmetric_scale(amax(view.abs()), q_max)
+        absmax = amax(view.abs())
+        _check_finite(x, absmax)
+        scales = _symmetric_scale(absmax, q_max)
         zero_points = torch.zeros(scales.shape, dtype=torch.int64)
     else:
-        scales, zero_points = minmax_qparams(amin(view), amax(view), q_min, q_max)
-    codes = _codes(view, scales, zero_points, q_min, q_max).reshape(x.shape)
-    return QuantizedTensor(codes, scales, zero_points, bits, scheme, granularity,
-                           group_size if granularity == "group" else None, axis if granularity == "channel" else None)
+        low, high = amin(view), amax(view)
+        _check_finite(x, low, high)
+        scales, zero_points = minmax_qparams(low, high, q_min, q_max)
+    return view, scales, zero_points, q_min, q_max, group_size, axis
 
 
 def _codes(x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, q_min: int, q_max: int) -> torch.Tensor:
@@ -193,7 +207,14 @@ def fake_quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", gra
     >>> fake_quantize(torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0]), bits=3, scheme="affine").tolist()
     [-2.0, -1.0, 0.0, 1.0, 5.0]
     """
-    return quantize(x, bits, scheme, granularity, group_size, axis).dequantize()
+    x = _check_input(x)
+    view, scales, zero_points, q_min, q_max, _, _ = _qparams(x, bits, scheme, granularity, group_size, axis)
+    # The same arithmetic as quantize(...).dequantize() without int64 codes: integers below 2^24 are exact in
+    # float32, so the result is identical (a test says so) and about twice as fast on a model's weights.
+    zeros = zero_points.to(view.dtype)
+    values = torch.round(view * (1.0 / scales))
+    values.add_(zeros).clamp_(q_min, q_max).sub_(zeros).mul_(scales)
+    return values.reshape(x.shape)
 
 
 def quantize_with(x: torch.Tensor, scale: Any, zero_point: Any, q_min: int, q_max: int) -> torch.Tensor:
