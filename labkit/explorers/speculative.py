@@ -1,0 +1,196 @@
+"""Lab 06's simulator: acceptance rate, draft length and draft cost as sliders over Leviathan et al.'s closed forms.
+
+Left panel: expected tokens per target call against gamma (the paper's curve and the seed's alpha * gamma + 1).
+Right panel: expected walltime improvement against gamma, the optimum marked, the break-even line at 1, and measured
+(alpha, c) points from real runs when given. Below: a strip of seeded simulated calls, each a row of accepted
+(green), rejected (red), never examined (grey) and bonus (blue) tokens. Everything shown comes from
+``labkit.core.speculative``; :func:`compute` is pure, :func:`render` updates artists created once.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from labkit.core import speculative as sp
+from labkit.core import validation
+
+MAX_GAMMA = 12
+STRIP_CALLS = 12
+COLOURS = {"accepted": "#2da44e", "rejected": "#cf222e", "unexamined": "#d0d7de", "bonus": "#0969da",
+           "correction": "#8250df"}
+
+
+@dataclass(frozen=True)
+class SpeculativeView:
+    """What the simulator shows for one setting."""
+
+    alpha: float
+    gamma: int
+    cost_ratio: float
+    varying: bool  # alpha decays by position (alpha, alpha * 0.9, ...)
+    gammas: tuple[int, ...]  # 0..MAX_GAMMA
+    tokens_per_call: tuple[float, ...]  # the paper's, per gamma
+    seed_tokens_per_call: tuple[float, ...]  # the seed's alpha * gamma + 1, per gamma
+    improvement: tuple[float, ...]  # walltime improvement per gamma
+    best_gamma: int
+    break_even_alpha: float  # at this gamma and c
+    strip: tuple[tuple[str, ...], ...]  # STRIP_CALLS rows of gamma + 1 cells
+    simulated_tokens_per_call: float  # over the strip's seeded calls plus more (2,000 calls)
+    simulated_standard_error: float
+
+
+def position_alphas(alpha: float, gamma: int, varying: bool) -> list[float]:
+    """Per-position acceptance: constant, or decaying by 10 % per position (drafts drift further from the target).
+
+    >>> position_alphas(0.5, 3, False), [round(a, 3) for a in position_alphas(0.5, 3, True)]
+    ([0.5, 0.5, 0.5], [0.5, 0.45, 0.405])
+    """
+    return [alpha * (0.9 ** i if varying else 1.0) for i in range(gamma)]
+
+
+def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, seed: int = 0) -> SpeculativeView:
+    """The curves, the optimum and a seeded strip of simulated calls for one setting of the sliders."""
+    alpha = validation.real("alpha", alpha, min=0, max=1)
+    gamma = validation.integer("gamma", gamma, min=0, max=MAX_GAMMA)
+    cost_ratio = validation.real("cost_ratio", cost_ratio, min=0)
+    gammas = tuple(range(MAX_GAMMA + 1))
+    tokens = tuple(sp.expected_tokens_varying(position_alphas(alpha, g, varying)) for g in gammas)
+    improvement = tuple(t / (g * cost_ratio + 1) for t, g in zip(tokens, gammas))
+    best = max(gammas, key=lambda g: (improvement[g], -g))
+    simulation = sp.simulate(position_alphas(alpha, gamma, varying), gamma, 2000, torch.Generator().manual_seed(seed))
+    strip = []
+    for accepted in simulation.accepted[:STRIP_CALLS].tolist():
+        cells = ["accepted"] * accepted
+        if accepted < gamma:
+            cells += ["rejected"] + ["unexamined"] * (gamma - accepted - 1) + ["correction"]
+        else:
+            cells += ["bonus"]
+        strip.append(tuple(cells))
+    return SpeculativeView(alpha, gamma, cost_ratio, varying, gammas, tokens,
+                           tuple(sp.seed_expected_tokens(alpha, g) for g in gammas), improvement, best,
+                           sp.break_even_alpha(gamma, cost_ratio), tuple(strip), simulation.mean_tokens,
+                           simulation.standard_error)
+
+
+def summary_html(view: SpeculativeView) -> str:
+    g = view.gamma
+    rows = [
+        ("tokens per call at γ = %d" % g, f"{view.tokens_per_call[g]:.4f} (seed's αγ + 1: {view.seed_tokens_per_call[g]:.4f})"),
+        ("simulated (2,000 calls)", f"{view.simulated_tokens_per_call:.4f} ± {view.simulated_standard_error:.4f}"),
+        ("walltime improvement", f"{view.improvement[g]:.4f}×"),
+        ("best γ here", f"{view.best_gamma} ({view.improvement[view.best_gamma]:.4f}×)"),
+        ("break-even α at this γ, c", f"{view.break_even_alpha:.4f}"),
+    ]
+    body = "".join(f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table style='font-family:monospace;font-size:12px'>{body}</table>"
+
+
+class SpeculativePlot:
+    """Two line panels and a strip of rectangles, created once and updated in place."""
+
+    def __init__(self, width_in: float = 9.0, height_in: float = 4.6, dpi: int = 72):
+        from matplotlib.patches import Rectangle
+
+        from labkit.explorers.canvas import FigureCanvas
+
+        self.canvas = FigureCanvas(width_in, height_in, dpi)
+        grid = self.canvas.figure.add_gridspec(2, 2, height_ratios=(3, 2))
+        self.tokens_axes = self.canvas.figure.add_subplot(grid[0, 0])
+        self.speed_axes = self.canvas.figure.add_subplot(grid[0, 1])
+        self.strip_axes = self.canvas.figure.add_subplot(grid[1, :])
+        xs = list(range(MAX_GAMMA + 1))
+        (self.paper_line,) = self.tokens_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="paper")
+        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="seed: αγ + 1")
+        (self.tokens_marker,) = self.tokens_axes.plot([0], [0], "o", ms=8, mfc="none", color="black")
+        self.tokens_axes.set(xlabel="γ (drafts per call)", ylabel="tokens per target call")
+        self.tokens_axes.legend(fontsize=8, loc="upper left")
+        (self.speed_line,) = self.speed_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="improvement")
+        (self.best_marker,) = self.speed_axes.plot([0], [0], "*", ms=14, color="#bf8700", label="optimum")
+        (self.speed_marker,) = self.speed_axes.plot([0], [0], "o", ms=8, mfc="none", color="black")
+        (self.measured,) = self.speed_axes.plot([], [], "s", color="#8250df", label="measured runs")
+        self.speed_axes.axhline(1.0, color="#888888", lw=0.8)
+        self.speed_axes.set(xlabel="γ", ylabel="walltime improvement (×)")
+        self.speed_axes.legend(fontsize=8, loc="lower right")
+        self.cells = [[Rectangle((col, row), 0.9, 0.8, color="white") for col in range(MAX_GAMMA + 1)]
+                      for row in range(STRIP_CALLS)]
+        for row in self.cells:
+            for cell in row:
+                self.strip_axes.add_patch(cell)
+        self.strip_axes.set(xlim=(0, MAX_GAMMA + 1), ylim=(STRIP_CALLS, 0), xticks=[], yticks=[],
+                            title="simulated calls: accepted · rejected · not examined · correction · bonus")
+        self.strip_axes.title.set_fontsize(9)
+        self.laid_out = False
+
+
+def render(plot: SpeculativePlot, view: SpeculativeView,
+           measured: Sequence[tuple[int, float]] = ()) -> None:
+    """Update every artist from ``view`` (and measured (gamma, speedup) points), then re-encode the image."""
+    g = view.gamma
+    plot.paper_line.set_ydata(view.tokens_per_call)
+    plot.seed_line.set_ydata(view.seed_tokens_per_call)
+    plot.tokens_marker.set_data([g], [view.tokens_per_call[g]])
+    plot.tokens_axes.set_ylim(0, max(view.seed_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05 + 0.5)
+    plot.speed_line.set_ydata(view.improvement)
+    plot.best_marker.set_data([view.best_gamma], [view.improvement[view.best_gamma]])
+    plot.speed_marker.set_data([g], [view.improvement[g]])
+    plot.measured.set_data([m[0] for m in measured], [m[1] for m in measured])
+    top = max([*view.improvement, *(m[1] for m in measured)])
+    plot.speed_axes.set_ylim(0, max(1.2, top * 1.1))
+    for row, cells in zip(plot.cells, view.strip + ((),) * (STRIP_CALLS - len(view.strip))):
+        for col, cell in enumerate(row):
+            cell.set_color(COLOURS[cells[col]] if col < len(cells) else "white")
+    if not plot.laid_out:  # constrained layout once; later draws keep it (it costs more than the drawing)
+        plot.canvas.agg.draw()
+        plot.canvas.figure.set_layout_engine("none")
+        plot.laid_out = True
+    plot.canvas.agg.draw()
+    plot.canvas.image.value = plot.canvas.png_as_drawn()
+
+
+class SpeculativeExplorer:
+    """The simulator widget: α, γ and c sliders, a toggle for α that decays by position, the plot and numbers.
+
+    ``measured`` is a list of ``(gamma, measured speedup)`` from real runs, drawn as points.
+    """
+
+    def __init__(self, alpha: float = 0.7, gamma: int = 4, cost_ratio: float = 0.1,
+                 measured: Sequence[tuple[int, float]] = ()):
+        import ipywidgets as widgets
+
+        style, layout = {"description_width": "90px"}, widgets.Layout(width="360px")
+        self.alpha = widgets.FloatSlider(value=alpha, min=0.0, max=1.0, step=0.01, description="α (accept)",
+                                         style=style, layout=layout)
+        self.gamma = widgets.IntSlider(value=gamma, min=0, max=MAX_GAMMA, description="γ (drafts)", style=style,
+                                       layout=layout)
+        self.cost = widgets.FloatSlider(value=cost_ratio, min=0.0, max=1.0, step=0.01, description="c (cost)",
+                                        style=style, layout=layout)
+        self.mode = widgets.ToggleButtons(options=[("same α everywhere", False), ("α decays by position", True)],
+                                          value=False, style={"button_width": "150px"})
+        self.numbers = widgets.HTML()
+        self.measured_points = list(measured)
+        self.plot = SpeculativePlot()
+        for control in (self.alpha, self.gamma, self.cost, self.mode):
+            control.observe(lambda change: self.update(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([widgets.VBox([self.alpha, self.gamma, self.cost, self.mode]),
+                                                  self.numbers]), self.plot.canvas.image])
+        self.update()
+
+    def update(self) -> None:
+        self.view = compute(self.alpha.value, self.gamma.value, self.cost.value, self.mode.value)
+        render(self.plot, self.view, self.measured_points)
+        self.numbers.value = summary_html(self.view)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def speculative_explorer(alpha: float = 0.7, gamma: int = 4, cost_ratio: float = 0.1,
+                         measured: Sequence[tuple[int, float]] = ()) -> SpeculativeExplorer:
+    """The lab 06 simulator."""
+    return SpeculativeExplorer(alpha, gamma, cost_ratio, measured)
