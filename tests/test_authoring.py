@@ -79,3 +79,16 @@ def test_every_notebook_starts_with_the_one_colab_cell():
     for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
         first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
         assert first.source == colab_cell_source(), f"{path.name}: run `make notebooks`"
+
+
+def test_each_task_text_says_what_the_learner_may_call():
+    import re
+
+    from labkit.exercises import get
+
+    for path in SOLUTIONS:
+        cells = nbformat.read(path, as_version=4).cells
+        for index, cell in enumerate(cells):
+            for exercise_id in re.findall(r'check\("([^"]+)"\)', cell.source if cell.cell_type == "code" else ""):
+                task = next(c for c in reversed(cells[:index]) if c.cell_type == "markdown")
+                assert get(exercise_id).allowed_text in task.source, f"{path.name}: task text of {exercise_id}"

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from labkit.core.spec import GPUSpec  # re-exported: budgets are taken against a GPU
 from labkit.core.memory import (
     GB, GIB, LLAMA, BlockLayout, check_shardable, format_bits, kv_cache_bytes, to_gb, to_gib, weights_bytes,
 )
@@ -56,32 +57,6 @@ def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
     capacity_bytes = integer("capacity_bytes", capacity_bytes, min=1)
     fraction = real("fraction", fraction, min=0, max=1, max_open=True)
     return int(capacity_bytes * fraction)
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """One GPU's memory and bandwidth as its vendor states them.
-
-    >>> GPUSpec("invented", memory_bytes=8 * GIB).memory_gib
-    8.0
-    """
-
-    name: str  # a label for tables
-    memory_bytes: int  # device memory; a vendor's "80 GB" is read literally as 80 * 10**9 bytes
-    bandwidth_bytes_per_s: float | None = None  # peak memory bandwidth (vendors quote decimal GB/s)
-    vendor_memory: str = ""  # the figure as printed on the datasheet, e.g. "80 GB HBM2e"
-    source: str = ""  # where the numbers come from
-
-    def __post_init__(self) -> None:
-        integer("memory_bytes", self.memory_bytes, min=1)
-
-    @property
-    def memory_gib(self) -> float:
-        return to_gib(self.memory_bytes)
-
-    @property
-    def memory_gb(self) -> float:
-        return to_gb(self.memory_bytes)
 
 
 @dataclass(frozen=True)

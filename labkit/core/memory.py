@@ -17,11 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from labkit.core.resources import GB, GIB  # defined once for the whole workbook
+from labkit.core.resources import GB, GIB, MIB  # defined once for the whole workbook
 from labkit.core.spec import ModelSpec
 from labkit.core.validation import boolean, choice, fail, instance, integer, real
 
-MIB = 2**20  # binary mebibyte, for small tensors
 
 # Bits per stored value. INT4 packs two values per byte; quantization scales are counted separately.
 FORMAT_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from labkit.core.budget import GPUSpec
+from labkit.core.spec import GPUSpec
 from labkit.core.memory import GB, GIB, BlockLayout
 from labkit.core.resources import load_json
 from labkit.core.spec import ModelSpec

@@ -16,6 +16,7 @@ import platformdirs
 
 GB = 10**9  # decimal gigabyte, as disk and GPU vendors count
 GIB = 2**30  # binary gibibyte, as operating systems and allocators count
+MIB = 2**20  # binary mebibyte, for small tensors
 
 
 def data_path(name: str) -> Path:

@@ -4,7 +4,10 @@ One vocabulary for the whole workbook (STYLE.md rule 5): ``n_layers, d_model, n_
 vocab``. ``head_dim`` is always read or given explicitly, never assumed to be ``d_model // n_heads``: some
 models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption is wrong for them.
 
-Used by lab 00 (the model card) and the memory lab (presets of real models).
+:class:`GPUSpec` stands beside it: a device's memory and bandwidth as its vendor states them (GB and GiB are
+defined once, in ``labkit.core.resources``).
+
+Used by lab 00 (the model card) and the memory and timing labs (presets of real models and GPUs).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from labkit.core.resources import GB, GIB
 from labkit.core.validation import integer
 
 
@@ -88,3 +92,29 @@ class ModelSpec:
             d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
         )
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One GPU's memory and bandwidth as its vendor states them.
+
+    >>> GPUSpec("invented", memory_bytes=8 * GIB).memory_gib
+    8.0
+    """
+
+    name: str  # a label for tables
+    memory_bytes: int  # device memory; a vendor's "80 GB" is read literally as 80 * 10**9 bytes
+    bandwidth_bytes_per_s: float | None = None  # peak memory bandwidth (vendors quote decimal GB/s)
+    vendor_memory: str = ""  # the figure as printed on the datasheet, e.g. "80 GB HBM2e"
+    source: str = ""  # where the numbers come from
+
+    def __post_init__(self) -> None:
+        integer("memory_bytes", self.memory_bytes, min=1)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    @property
+    def memory_gb(self) -> float:
+        return self.memory_bytes / GB

@@ -15,7 +15,7 @@ from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import (
     TOP_P_TOLERANCE, apply_temperature, kept_count, sampling_logits, sampling_probs, softmax_with_temperature,
-    top_k_filter, top_p_filter,
+    top_k_filter, top_p_filter, top_p_filter_reference,
 )
 
 _LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
@@ -229,8 +229,10 @@ TOP_K = register(
 
 
 def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The exercise's reference: labkit's temperature, then top-p, renormalized."""
-    return sampling_probs(logits, temperature=temperature, top_p=top_p)
+    """The exercise's reference: labkit's temperature, then the plain top-p rule (not the fast path), renormalized.
+
+    ``labkit.core.sampling.top_p_filter`` is a faster route to the same cut, tested equal to this rule."""
+    return torch.softmax(top_p_filter_reference(apply_temperature(logits, temperature), top_p), dim=-1)
 
 
 def _far_from_every_boundary(logits: torch.Tensor, temperature: float, top_p: float, margin: float = 1e-4) -> bool:
@@ -367,11 +369,12 @@ PREDICT_TEMPERATURE, PREDICT_TOP_P = 0.7, 0.9
 
 @functools.lru_cache(maxsize=1)
 def _first_reply_logits() -> torch.Tensor:
+    from labkit import runtime
     from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
-    with torch.inference_mode():
-        return lm.model(lm.chat_ids(PREDICT_PROMPT)).logits[0, -1].float()  # [vocab]
+    next_logits, _ = runtime.forward(lm, lm.chat_ids(PREDICT_PROMPT), use_cache=False)  # [1, vocab]
+    return next_logits[0].cpu()  # [vocab]
 
 
 def kept_tokens_on_the_model() -> float:

@@ -94,9 +94,14 @@ def execute(notebook, cwd: Path, timeout_s: int = 600):
     import tempfile
 
     from nbclient import NotebookClient
+    from traitlets.config import Config
 
-    client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     with tempfile.TemporaryDirectory() as scratch:
+        # IPC sockets in the scratch folder: nothing listens on the network, and the kernel does not warn that it
+        # "is running over TCP without encryption".
+        config = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(scratch) / "kernel")}})
+        client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3", config=config,
+                                resources={"metadata": {"path": str(cwd)}})
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "LABKIT_PROGRESS": str(Path(scratch) / "progress.json")}
         client.execute(env=env)
     return notebook
