@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from labkit.instructor import grading
+from labkit.instructor import classroom, grading
 from labkit.exercises.checking import Case, Exercise
 from labkit.exercises import exercises
 from labkit.instructor.kernel_limits import Confinement, Limits
@@ -246,7 +246,7 @@ def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
         {"learner": "cy", "notebook": "cy.ipynb", "lab": None, "score": 0, "max_score": 0, "exercises": [],
          "cell_errors": [], "error": "could not be graded: NotJSONError: ..."},
     ]
-    columns, rows = grading.gradebook(reports)
+    columns, rows = classroom.gradebook(reports)
     assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "notes"]
     ann, ben, cy = rows
     assert (ann["labs"], ann["00.a"], ann["01.b"], ann["total"], ann["max"]) == ("00 01", 1, 1, 2, 3)

@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
-    from labkit.instructor.grading import format_class_summary, format_report, grade_class, grade_notebook
+    from labkit.instructor.classroom import format_class_summary, grade_class
+    from labkit.instructor.grading import format_report, grade_notebook
 
     if args.cell_timeout < 1:
         parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")

@@ -1,0 +1,145 @@
+"""Grading a class: a folder of submissions graded in parallel, one JSON report each, and a CSV gradebook.
+
+A notebook directly inside the folder belongs to the learner named by its file's stem, a notebook in a subfolder
+to the learner named by the subfolder. :func:`grade_class` grades them with ``jobs`` worker processes (each
+submission through :func:`labkit.instructor.grading.grade_notebook`, under its kernel limits), writes one JSON
+report per submission and a CSV gradebook, one row per learner (see :func:`gradebook`). A file that cannot be
+graded at all is a note on its learner's row and never stops the class.
+
+    labkit grade submissions/ [--out submissions-grades] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from labkit.instructor.grading import grade_notebook
+from labkit.instructor.kernel_limits import Limits
+
+def find_submissions(folder: Path) -> list[tuple[str, Path]]:
+    """(learner, notebook) for every submission in ``folder``, in path order.
+
+    A notebook directly in the folder belongs to the learner named by its file's stem; one in a subfolder belongs
+    to the learner named by that subfolder. Hidden folders (``.ipynb_checkpoints``) are passed over.
+    """
+    found = []
+    for path in sorted(Path(folder).rglob("*.ipynb")):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts):
+            continue
+        found.append((relative.parts[0] if len(relative.parts) > 1 else path.stem, path))
+    return found
+
+
+def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits) -> dict[str, Any]:
+    """grade_notebook, or a report that says why the submission could not be graded at all."""
+    try:
+        return grade_notebook(path, cell_timeout_s, limits)
+    except Exception as error:  # noqa: BLE001 - one broken submission never stops the class
+        return _unreadable(path, error)
+
+
+def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
+    first_line = (str(error).splitlines() or [""])[0]
+    return {"notebook": str(path), "lab": None, "score": 0, "max_score": 0, "exercises": [], "cell_errors": [],
+            "error": f"could not be graded: {type(error).__name__}: {first_line}"}
+
+
+def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 120, limits: Limits = Limits(),
+                progress: Any = print) -> list[dict[str, Any]]:
+    """Grade every submission in ``folder``, ``jobs`` at a time; write their JSON reports and the gradebook to ``out``.
+
+    Each report gains a ``learner`` field and is written to ``out`` under the submission's relative path with the
+    suffix ``.json``; the gradebook is ``out/gradebook.csv``. Returns the reports in path order.
+    """
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
+
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"path {folder} is not a folder")
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    submissions = find_submissions(folder)
+    if not submissions:
+        raise ValueError(f"folder {folder} holds no .ipynb submissions")
+    reports: dict[Path, dict[str, Any]] = {}
+    # Worker processes, not threads: each runs its own nbclient event loop. "spawn" keeps them free of the
+    # parent's state (a forked copy of a running event loop misbehaves).
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits): (learner, path)
+                   for learner, path in submissions}
+        for future in as_completed(futures):
+            learner, path = futures[future]
+            try:
+                report = future.result()
+            except Exception as error:  # noqa: BLE001 - a worker that died is one submission's error
+                report = _unreadable(path, error)
+            report["learner"] = learner
+            target = out / path.relative_to(folder).with_suffix(".json")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(report, indent=2), encoding="utf-8")
+            reports[path] = report
+            outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
+            progress(f"graded {learner} ({path.name}): {outcome}")
+    ordered = [reports[path] for _, path in submissions]
+    columns, rows = gradebook(ordered)
+    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return ordered
+
+
+def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The gradebook's columns and one row per learner.
+
+    Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
+    submission (labs in order, each lab's exercises in registration order) holding the points earned, then
+    ``total``, ``max`` (the points available in the labs that learner handed in) and ``notes``. A cell is empty
+    where the learner handed in no submission of that exercise's lab. When a learner handed in one lab twice, the
+    better submission counts and the note says so. A submission that could not be graded is a note.
+    """
+    exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
+    columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "notes"]
+    rows = []
+    for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
+        mine = [r for r in reports if r["learner"] == learner]
+        notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
+        best: dict[str, dict[str, Any]] = {}
+        for report in (r for r in mine if "error" not in r):
+            lab = report["lab"]
+            if lab in best:
+                notes.append(f"lab {lab} handed in twice; the better submission counts")
+            if lab not in best or report["score"] > best[lab]["score"]:
+                best[lab] = report
+        row: dict[str, Any] = {"learner": learner, "labs": " ".join(sorted(best)), "notes": "; ".join(notes)}
+        for report in best.values():
+            row.update({result["id"]: result["points"] for result in report["exercises"]})
+        row["total"] = sum(report["score"] for report in best.values())
+        row["max"] = sum(report["max_score"] for report in best.values())
+        rows.append(row)
+    return columns, rows
+
+
+def format_class_summary(reports: list[dict[str, Any]]) -> str:
+    """Per learner their score and notes; per exercise how many submissions passed, failed or did not attempt it."""
+    _, rows = gradebook(reports)
+    width = max(12, *(len(row["learner"]) for row in rows))
+    lines = [f"{'learner':<{width}} {'labs':<12} {'score':>9}  notes"]
+    for row in rows:
+        lines.append(f"{row['learner']:<{width}} {row['labs'] or '-':<12} {row['total']:>4}/{row['max']:<4}  "
+                     f"{row['notes']}".rstrip())
+    counts: dict[str, dict[str, int]] = {}
+    for report in reports:
+        for result in report["exercises"]:
+            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0, "error": 0})
+            tally[result["status"]] += 1
+    width = max(28, *(len(ex_id) for ex_id in counts)) if counts else 28
+    lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]
+    for ex_id, tally in sorted(counts.items()):
+        lines.append(f"{ex_id:<{width}} {tally['passed']:>7} {tally['failed']:>7} {tally['not attempted']:>14}")
+    return "\n".join(lines)
