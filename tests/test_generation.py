@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from toys import Bigram
 from labkit.runtime.generation import Generation, first_divergence, full_logits, generate
 from labkit.core.sampling import apply_temperature, sampling_probs
 
@@ -63,19 +64,6 @@ def test_eos_stops_and_pads(embedded, prompt_ids, greedy):
 
 def test_generation_without_a_model():
     """The loop runs on any causal LM with a transformers-style forward; here a bigram table."""
-
-    class Bigram(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])  # i -> i + 1 mod 3
-
-        def forward(self, input_ids, use_cache=False, past_key_values=None):
-            class Output(dict):
-                pass
-
-            output = Output(past_key_values=None)
-            output.logits = self.table[input_ids]
-            return output
 
     result = generate(Bigram(), torch.tensor([[0], [2]]), 4)
     assert isinstance(result, Generation)

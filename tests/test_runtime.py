@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from toys import Bigram
 from labkit import runtime
 from labkit.runtime import (
     Forward, StepInfo, cache_bytes, cache_length, capture, copy_cache, crop, decode_one_token, forward, full_logits,
@@ -182,19 +183,6 @@ def test_the_device_is_the_models(tiny):
 
 def test_a_module_without_a_cache_still_runs():
     """The generation tests' bigram table: a transformers-style forward that keeps no cache."""
-
-    class Bigram(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.tensor([[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]])  # i -> i + 1 mod 3
-
-        def forward(self, input_ids, use_cache=False, past_key_values=None):
-            class Output(dict):
-                pass
-
-            output = Output(past_key_values=None)
-            output.logits = self.table[input_ids]
-            return output
 
     logits, cache = prefill(Bigram(), torch.tensor([[0], [2]]))
     assert logits.argmax(-1).tolist() == [1, 0] and cache is None and cache_length(cache) == 0
