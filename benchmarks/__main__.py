@@ -5,6 +5,7 @@ import sys
 from benchmarks import load_and_notebooks, loss, memory_explorer, sampling
 
 SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss": loss.main, "sampling": sampling.main}
+SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  # lab 03's visualizer latency
 
 
 def main(argv: list[str]) -> int:

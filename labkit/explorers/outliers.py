@@ -1,0 +1,336 @@
+"""Lab 03's outlier visualizer: the embedded model's real activations, token x channel, at any layer.
+
+The model runs once per prompt (:func:`capture_activations`: the residual stream after every block and the
+input of every kind of Linear, through ``labkit.runtime.capture``). A slider move only re-runs :func:`compute`
+(labkit.core.quantization on one ``[tokens, channels]`` tensor) and :func:`render` (the heatmap's data and the
+range lines updated in place). The threshold slider changes only numbers, so it redraws nothing; ``python -m
+benchmarks outliers`` prints p50/p95 of a move.
+
+What it shows: |activation| on a log colour scale; how many channels reach the LLM.int8() threshold; the
+reconstruction error of that tensor under per-tensor INT8, per-token INT8 and "outlier channels kept in float";
+and SmoothQuant's migration at strength alpha (per-channel max |X_j| and max |W_j| before and after). For the
+residual stream, SmoothQuant is shown on the tensor it would act on: the normalized residual entering q/k/v_proj.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from labkit import runtime
+from labkit.core.quantization import (LLM_INT8_THRESHOLD, fake_quantize, fake_quantize_outliers_kept,
+                                      outlier_channels, per_token_fake_quantize, relative_error, smoothquant_scales,
+                                      sqnr_db)
+from labkit.explorers import base as layout
+from labkit.explorers.base import Explorer
+
+DEFAULT_PROMPT = "The Eiffel Tower is in Paris. It was finished in 1889 and is 330 metres tall."
+RESIDUAL = "residual stream"
+# What the visualizer can show -> the Linear whose input it is (k/v share q's input, up shares gate's).
+SOURCES = {RESIDUAL: "self_attn.q_proj", "q/k/v_proj input": "self_attn.q_proj", "o_proj input": "self_attn.o_proj",
+           "gate/up_proj input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
+N_LISTED = 5
+
+
+@dataclass
+class OutlierData:
+    """One prompt's activations, captured once: per source, one ``[tokens, channels]`` tensor per layer."""
+
+    prompt: str
+    token_texts: tuple[str, ...]
+    activations: dict[str, list[torch.Tensor]]  # source -> [n_layers] of [tokens, channels]
+    weight_absmax: dict[str, list[torch.Tensor]]  # source -> [n_layers] of max |W_j| per input channel [in]
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.activations[RESIDUAL])
+
+
+def capture_activations(lm: Any, prompt: str) -> OutlierData:
+    """Run the model once on the prompt's plain-text tokens and keep what the visualizer shows."""
+    ids = lm.text_ids(prompt)
+    blocks = runtime.layer_names(lm)
+    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in SOURCES.items()
+               if source != RESIDUAL}
+    names = [name for group in linears.values() for name in group]
+    with runtime.capture(lm, blocks, what="output") as outputs, runtime.capture(lm, names, what="input") as inputs:
+        runtime.forward(lm, ids, use_cache=False)
+    activations = {RESIDUAL: [outputs.only(block)[0].float() for block in blocks]}
+    module = runtime.module_of(lm)
+    weight_absmax: dict[str, list[torch.Tensor]] = {}
+    for source, group in linears.items():
+        activations[source] = [inputs.only(name)[0].float() for name in group]
+        weight_absmax[source] = [module.get_submodule(name).weight.detach().abs().amax(dim=0).float().cpu()
+                                 for name in group]
+    weight_absmax[RESIDUAL] = weight_absmax["q/k/v_proj input"]
+    texts = tuple(lm.tokenizer.decode([int(i)]) for i in ids[0])
+    return OutlierData(prompt, texts, activations, weight_absmax)
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """The tensor at one layer and source: magnitudes, where they peak, and the two threshold-free errors."""
+
+    layer: int
+    source: str
+    magnitudes: np.ndarray  # |activation| [tokens, channels], float32
+    largest: float
+    median: float
+    top_channels: tuple[tuple[int, float, int], ...]  # (channel, max |x|, at token), largest first
+    top_tokens: tuple[tuple[int, str, float], ...]  # (token index, text, max |x|), largest first
+    errors: dict[str, tuple[float, float]]  # scheme -> (relative error, SQNR dB)
+
+
+@dataclass(frozen=True)
+class ThresholdView:
+    threshold: float
+    outlier_channels: tuple[int, ...]  # channels where some token reaches the threshold
+    error: tuple[float, float]  # outliers kept in float, the rest per-token INT8: (relative error, SQNR dB)
+
+
+@dataclass(frozen=True)
+class SmoothingView:
+    alpha: float
+    act_range: tuple[np.ndarray, np.ndarray]  # max |X_j| before, after smoothing [channels of the Linear's input]
+    weight_range: tuple[np.ndarray, np.ndarray]  # max |W_j| before, after
+
+
+@dataclass(frozen=True)
+class OutlierView:
+    """What the visualizer shows for one setting: the three parts, each recomputed only when its inputs move."""
+
+    tensor: TensorView
+    threshold: ThresholdView
+    smoothing: SmoothingView
+
+
+def tensor_view(data: OutlierData, layer: int, source: str = RESIDUAL) -> TensorView:
+    x = data.activations[source][layer]  # [tokens, channels]
+    magnitudes = x.abs()
+    per_channel, at_token = magnitudes.max(dim=0)
+    per_token = magnitudes.amax(dim=1)
+    channels = torch.topk(per_channel, min(N_LISTED, len(per_channel))).indices.tolist()
+    tokens = torch.topk(per_token, min(N_LISTED, len(per_token))).indices.tolist()
+    reconstructions = {"per-tensor INT8": fake_quantize(x, 8), "per-token INT8": per_token_fake_quantize(x, 8)}
+    return TensorView(
+        layer=layer, source=source, magnitudes=magnitudes.numpy(), largest=float(per_channel.max()),
+        median=float(magnitudes.median()),
+        top_channels=tuple((c, float(per_channel[c]), int(at_token[c])) for c in channels),
+        top_tokens=tuple((t, data.token_texts[t], float(per_token[t])) for t in tokens),
+        errors={name: (relative_error(x, x_hat), sqnr_db(x, x_hat)) for name, x_hat in reconstructions.items()})
+
+
+def threshold_view(data: OutlierData, layer: int, source: str, threshold: float) -> ThresholdView:
+    x = data.activations[source][layer]
+    kept = fake_quantize_outliers_kept(x, threshold, 8)
+    return ThresholdView(threshold, tuple(torch.nonzero(outlier_channels(x, threshold)).flatten().tolist()),
+                         (relative_error(x, kept), sqnr_db(x, kept)))
+
+
+def smoothing_view(data: OutlierData, layer: int, source: str, alpha: float) -> SmoothingView:
+    linear_input = data.activations["q/k/v_proj input" if source == RESIDUAL else source][layer]
+    act_before = linear_input.abs().amax(dim=0)
+    weight_before = data.weight_absmax[source][layer]
+    scales = smoothquant_scales(act_before, weight_before, alpha)
+    return SmoothingView(alpha, (act_before.numpy(), (act_before / scales).numpy()),
+                         (weight_before.numpy(), (weight_before * scales).numpy()))
+
+
+def compute(data: OutlierData, layer: int = 15, source: str = RESIDUAL, threshold: float = LLM_INT8_THRESHOLD,
+            alpha: float = 0.5) -> OutlierView:
+    """Everything for one setting, from the captured tensors and labkit.core.quantization."""
+    return OutlierView(tensor_view(data, layer, source), threshold_view(data, layer, source, threshold),
+                       smoothing_view(data, layer, source, alpha))
+
+
+class OutlierFigure:
+    """Heatmap (top) and per-channel ranges before/after SmoothQuant (bottom), blitted.
+
+    The colour scale and the range axis are fixed for every layer (1e-2 .. 3e4 covers the model's massive
+    activations), so layers compare at a glance and the axes, ticks and colour bar are drawn once into a
+    background; a move restores it and draws only the image and the four lines. The background is redrawn when
+    the tensor's shape changes (another prompt, or a source of another width).
+    """
+
+    FLOOR, CEILING = 1e-2, 3e4  # colour scale of |x|
+    RANGE = (1e-3, 1e5)  # y range of the lower panel
+
+    def __init__(self, width_in: float = 7.2, height_in: float = 5.0, dpi: int = 64):
+        from matplotlib.colors import Normalize
+
+        from labkit.explorers.canvas import FigureCanvas
+
+        self.canvas = FigureCanvas(width_in, height_in, dpi)
+        figure = self.canvas.figure
+        self.heat_axes, self.range_axes = figure.subplots(2, 1, height_ratios=(3, 2))
+        # The log colour scale as log10 |x| on a linear map: the same colours, without LogNorm's masked arrays.
+        self.image = self.heat_axes.imshow(np.zeros((2, 2)), norm=Normalize(np.log10(self.FLOOR),
+                                                                             np.log10(self.CEILING)),
+                                           aspect="auto", cmap="magma", interpolation="nearest", animated=True)
+        colorbar = figure.colorbar(self.image, ax=self.heat_axes, label="|activation| (same scale every layer)")
+        ticks = np.arange(-2, 5)
+        colorbar.set_ticks(ticks, labels=[f"1e{t}" for t in ticks])
+        self.heat_axes.set_xlabel("channel", fontsize=8)
+        self.heat_axes.set_ylabel("token", fontsize=8)
+        styles = [("activation before", "#4c72b0", "-"), ("activation after", "#4c72b0", ":"),
+                  ("weight before", "#dd8452", "-"), ("weight after", "#dd8452", ":")]
+        self.lines = [self.range_axes.plot([0, 1], [1, 1], color=c, linestyle=s, linewidth=0.9, label=label,
+                                           animated=True)[0] for label, c, s in styles]
+        self.range_axes.set_yscale("log")
+        self.range_axes.set_ylim(*self.RANGE)
+        self.range_axes.minorticks_off()
+        self.range_axes.set_xlabel("input channel of the Linear (SmoothQuant: max over tokens / output rows)",
+                                   fontsize=8)
+        self.range_axes.set_ylabel("max |value|", fontsize=8)
+        self.range_axes.legend(fontsize=7, ncol=4, loc="upper center")
+        for axes in (self.heat_axes, self.range_axes):
+            axes.tick_params(labelsize=7)
+        self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
+        self.canvas.figure.set_layout_engine("none")
+        self._shape: tuple[int, int, int] | None = None
+        self._background = None
+
+    def set_shape(self, n_tokens: int, n_channels: int, n_inputs: int) -> None:
+        """Axis limits for a tensor's shape (and the Linear input's width); a new shape redraws the background."""
+        shape = (n_tokens, n_channels, n_inputs)
+        if shape != self._shape:
+            self._shape, self._background = shape, None
+            self.image.set_extent((-0.5, n_channels - 0.5, n_tokens - 0.5, -0.5))
+            self.heat_axes.set_xlim(-0.5, n_channels - 0.5)
+            self.heat_axes.set_ylim(n_tokens - 0.5, -0.5)
+            self.range_axes.set_xlim(-0.5, n_inputs - 0.5)
+
+    def redraw(self) -> None:
+        """Restore the background (drawing it when stale), draw the image and lines, encode the pixels."""
+        agg = self.canvas.agg
+        if self._background is None:
+            agg.draw()
+            self._background = agg.copy_from_bbox(self.canvas.figure.bbox)
+        agg.restore_region(self._background)
+        self.heat_axes.draw_artist(self.image)
+        for line in self.lines:
+            self.range_axes.draw_artist(line)
+        self.canvas.image.value = self.canvas.png_as_drawn()
+
+
+def render(figure: OutlierFigure, view: OutlierView) -> None:
+    """Move the heatmap's data and the four range lines, then re-encode the image."""
+    magnitudes, smoothing = view.tensor.magnitudes, view.smoothing
+    figure.set_shape(magnitudes.shape[0], magnitudes.shape[1], len(smoothing.act_range[0]))
+    figure.image.set_data(np.log10(np.clip(magnitudes, figure.FLOOR, figure.CEILING)))
+    channels = np.arange(len(smoothing.act_range[0]))
+    for line, y in zip(figure.lines, (*smoothing.act_range, *smoothing.weight_range)):
+        line.set_data(channels, np.clip(y, *figure.RANGE))
+    figure.redraw()
+
+
+def numbers_html(view: OutlierView) -> str:
+    """The lists and the live errors, as HTML."""
+    t, th, sm = view.tensor, view.threshold, view.smoothing
+    channels = ", ".join(f"{c} ({v:,.1f} at token {i})" for c, v, i in t.top_channels)
+    tokens = ", ".join(f"{i} {html.escape(repr(text))} ({v:,.1f})" for i, text, v in t.top_tokens)
+    shown = ", ".join(map(str, th.outlier_channels[:12])) + (" ..." if len(th.outlier_channels) > 12 else "")
+    errors = {**t.errors, "outliers kept + per-token INT8": th.error}
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{err:.4f}</td><td>{snr:.1f}</td></tr>"
+                   for name, (err, snr) in errors.items())
+    (act_before, act_after), (w_before, w_after) = sm.act_range, sm.weight_range
+    return (f'<div style="font-size:12px"><b>layer {t.layer}, {html.escape(t.source)}</b>: '
+            f"largest |x| {t.largest:,.1f}; median |x| {t.median:.3f}; ratio {t.largest / max(t.median, 1e-12):,.0f}x"
+            f"<br><b>largest channels</b>: {channels}<br><b>largest tokens</b>: {tokens}<br>"
+            f"<b>{len(th.outlier_channels)}</b> channel(s) reach |x| &ge; {th.threshold:g}: {shown}<br>"
+            f'<table style="font-size:12px"><tr><th>scheme</th><th>||x - x&#770;|| / ||x||</th><th>SQNR dB</th></tr>'
+            f"{rows}</table>SmoothQuant (alpha {sm.alpha:.2f}) on the Linear's input: activation max "
+            f"{act_before.max():,.1f} &rarr; {act_after.max():,.1f}, weight max {w_before.max():.3f} &rarr; "
+            f"{w_after.max():.3f}</div>")
+
+
+class OutlierExplorer(Explorer):
+    """Prompt box, layer and source, threshold and alpha sliders, the figure and the numbers."""
+
+    title = "outlier visualizer"
+
+    def __init__(self, lm: Any, prompt: str = DEFAULT_PROMPT, layer: int = 15):
+        import ipywidgets as widgets
+
+        self.lm = lm
+        style = layout.description_style(92)
+        self.prompt = widgets.Text(value=prompt, description="prompt", style=layout.description_style(56),
+                                   layout=widgets.Layout(flex="1 1 320px", min_width="240px", max_width="560px"))
+        self.run = widgets.Button(description="run the model", button_style="primary",
+                                  layout=widgets.Layout(width="130px", margin=layout.GAP))
+        n_layers = len(runtime.layer_names(lm))
+        self.layer = widgets.IntSlider(value=layer, min=0, max=n_layers - 1, description="layer", style=style,
+                                       layout=layout.full_width())
+        self.source = widgets.Dropdown(options=list(SOURCES), value=RESIDUAL, description="tensor", style=style,
+                                       layout=layout.full_width())
+        self.threshold = widgets.FloatSlider(value=LLM_INT8_THRESHOLD, min=0.5, max=60.0, step=0.5,
+                                             description="threshold", style=style, layout=layout.full_width())
+        self.alpha = widgets.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="SmoothQuant α",
+                                         style=style, layout=layout.full_width())
+        self.numbers = layout.html_block()
+        self.figure = OutlierFigure()
+        self.canvas = self.figure.canvas
+        self.controls = {"layer": self.layer, "source": self.source, "threshold": self.threshold,
+                         "alpha": self.alpha, "prompt": self.prompt, "run": self.run}
+        for control in (self.layer, self.source, self.threshold, self.alpha):
+            control.observe(self.update, names="value")
+        self.run.on_click(lambda button: self.set_prompt())
+        self.widget = widgets.VBox([
+            layout.row([self.prompt, self.run]),
+            layout.row([layout.column([self.layer, self.source, self.threshold, self.alpha]),
+                        layout.figure_image(self.canvas)]),
+            self.numbers,
+        ], layout=widgets.Layout(width="100%"))
+        self._parts: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        self.set_prompt()
+
+    def set_prompt(self) -> None:
+        """The one forward pass: capture this prompt's activations, then redraw."""
+        self.data = capture_activations(self.lm, self.prompt.value)
+        self._parts = {}
+        self.update()
+
+    def _part(self, name: str, function: Any, *args: Any) -> tuple[Any, bool]:
+        """A part of the view, recomputed only when its own arguments changed; (value, changed)."""
+        if name in self._parts and self._parts[name][0] == args:
+            return self._parts[name][1], False
+        value = function(self.data, *args)
+        self._parts[name] = (args, value)
+        return value, True
+
+    def update(self, change: Any = None) -> None:
+        where = (self.layer.value, self.source.value)
+        tensor, new_tensor = self._part("tensor", tensor_view, *where)
+        threshold, _ = self._part("threshold", threshold_view, *where, self.threshold.value)
+        smoothing, new_smoothing = self._part("smoothing", smoothing_view, *where, self.alpha.value)
+        self.view = OutlierView(tensor, threshold, smoothing)
+        if new_tensor or new_smoothing:  # the threshold changes numbers only; the figure stays as drawn
+            render(self.figure, self.view)
+        self.numbers.value = numbers_html(self.view)
+
+
+def outlier_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, layer: int = 15) -> OutlierExplorer:
+    """The lab 03 visualizer over ``lm`` (default: the embedded model)."""
+    if lm is None:
+        from labkit.runtime.models import load_model
+
+        lm = load_model()
+    return OutlierExplorer(lm, prompt, layer)
+
+
+def massive_activations(data: OutlierData, ratio: float = 1000.0) -> list[dict[str, Any]]:
+    """Residual-stream entries at least ``ratio`` times their layer's median |x| (Sun et al. 2024's criterion
+    uses 100 and a floor of 100 in magnitude; a larger ratio keeps the list short), largest per layer first."""
+    found = []
+    for layer, x in enumerate(data.activations[RESIDUAL]):
+        magnitudes = x.abs()
+        median = float(magnitudes.median())
+        for token, channel in torch.nonzero(magnitudes >= ratio * median).tolist():
+            found.append(dict(layer=layer, channel=channel, token=token, text=data.token_texts[token],
+                              value=float(x[token, channel]), median=median,
+                              times_median=float(magnitudes[token, channel]) / median))
+    return found
