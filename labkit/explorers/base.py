@@ -51,8 +51,9 @@ def row(children: list[Any], wrap: bool = True) -> Any:
     """Blocks side by side, top-aligned (nothing stretched to the tallest), wrapping when narrow."""
     import ipywidgets as widgets
 
+    # No width: a box stretches to its parent, less its own margin (width 100% plus the margin overflows).
     return widgets.HBox(children, layout=widgets.Layout(flex_flow="row wrap" if wrap else "row nowrap",
-                                                        align_items="flex-start", width="100%"))
+                                                        align_items="flex-start"))
 
 
 def figure_image(canvas: Any) -> Any:
@@ -70,7 +71,7 @@ def html_block(width: int | None = None) -> Any:
     """An HTML widget for numbers or text: a fixed width, or the whole row."""
     import ipywidgets as widgets
 
-    return widgets.HTML(layout=widgets.Layout(width=f"{width}px" if width else "100%", max_width="100%"))
+    return widgets.HTML(layout=widgets.Layout(width=f"{width}px" if width else None, max_width="100%"))
 
 
 class Explorer:

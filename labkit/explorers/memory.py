@@ -153,7 +153,7 @@ def verdict_text(view: MemoryView) -> str:
 class MemoryFigure:
     """A horizontal stacked bar against the GPU's capacity, drawn once and moved by ``render``."""
 
-    def __init__(self, width_in: float = 6.0, height_in: float = 1.5, dpi: int = 80):
+    def __init__(self, width_in: float = 5.25, height_in: float = 1.5, dpi: int = 80):
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.axes = self.canvas.figure.add_subplot()
         self.bars = [self.axes.barh(0, 1.0, left=0.0, height=0.6, color=c, edgecolor="white", label=p)[0]
@@ -172,7 +172,7 @@ def legend_html() -> str:
     """The colour key of the bar, as HTML (drawn once by the browser, not on every update)."""
     keys = "".join(f'<span style="background:{c};display:inline-block;width:12px;height:12px;margin:0 4px 0 10px">'
                    f"</span>{html.escape(p)}" for p, c in zip(PARTS, COLOURS))
-    return f'<div style="font-size:12px">{keys}</div>'
+    return f'<div style="font-size:12px;line-height:1.6">{keys}</div>'
 
 
 def render(figure: MemoryFigure, view: MemoryView) -> None:
@@ -191,14 +191,16 @@ def render(figure: MemoryFigure, view: MemoryView) -> None:
 def verdict_html(view: MemoryView) -> str:
     """The verdict line, green when it fits, red when not."""
     colour = "#1a7f37" if view.budget is not None and view.budget.fits else "#cf222e"
-    return f'<div style="font-size:13px;color:{colour}"><b>{html.escape(verdict_text(view))}</b></div>'
+    return (f'<div style="font-size:13px;line-height:1.4;color:{colour}"><b>{html.escape(verdict_text(view))}</b>'
+            "</div>")
 
 
 def steps_html(view: MemoryView) -> str:
     """The arithmetic, one line per part, wrapping inside the output's width."""
     lines = "".join(f'<div style="padding-left:2em;text-indent:-2em">{html.escape(step)}</div>'
                     for step in view.steps)
-    return f'<div style="font-family:monospace;font-size:12px;overflow-wrap:anywhere">{lines}</div>'
+    return (f'<div style="font-family:monospace;font-size:12px;line-height:1.5;overflow-wrap:anywhere">{lines}'
+            "</div>")
 
 
 class MemoryExplorer(Explorer):
@@ -210,6 +212,7 @@ class MemoryExplorer(Explorer):
         import ipywidgets as widgets
 
         style = layout.description_style(84)
+        self.column_width = 384
 
         def toggles(options, value, description, button_width):
             return widgets.ToggleButtons(options=options, value=value, description=description,
@@ -221,10 +224,10 @@ class MemoryExplorer(Explorer):
                                       layout=layout.full_width()),
             "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU", style=style,
                                     layout=layout.full_width()),
-            "weight_fmt": toggles(WEIGHT_FORMATS, "bf16", "weights", 46),
-            "kv_dtype": toggles(KV_FORMATS, "bf16", "KV cache", 46),
-            "attention": toggles(ATTENTION, "as built", "attention", 62),
-            "tp": toggles(TP_DEGREES, 1, "GPUs (TP)", 46),
+            "weight_fmt": toggles(WEIGHT_FORMATS, "bf16", "weights", 52),
+            "kv_dtype": toggles(KV_FORMATS, "bf16", "KV cache", 52),
+            "attention": toggles(ATTENTION, "as built", "attention", 68),
+            "tp": toggles(TP_DEGREES, 1, "GPUs (TP)", 52),
             "log2_batch": widgets.IntSlider(value=4, min=0, max=10, description="log2 batch", style=style,
                                             layout=layout.full_width()),
             "log2_seq": widgets.IntSlider(value=12, min=7, max=17, description="log2 context", style=style,
@@ -240,13 +243,14 @@ class MemoryExplorer(Explorer):
         self.update()
         c = self.controls
         figure_column = widgets.VBox([layout.figure_image(self.canvas), widgets.HTML(legend_html()), self.verdict],
-                                     layout=widgets.Layout(flex="0 1 auto", max_width="100%"))
+                                     layout=widgets.Layout(width=f"{self.canvas.pixel_size[0] + 12}px",
+                                                           max_width="100%", flex="0 1 auto"))
         self.widget = widgets.VBox([
             layout.row([layout.column([c["model"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
-                                       c["tp"], c["log2_batch"], c["log2_seq"], self.sizes]),
+                                       c["tp"], c["log2_batch"], c["log2_seq"], self.sizes], self.column_width),
                         figure_column]),
             self.text,
-        ], layout=widgets.Layout(width="100%"))
+        ])
 
     def values(self) -> dict[str, Any]:
         """The controls' settings as compute's arguments (the sliders hold powers of two)."""

@@ -2,8 +2,10 @@
 
 The model runs once per prompt (:func:`next_token_scores`); a slider move only re-runs :func:`compute` (the
 core's temperature and filters on one ``[vocab]`` row) and :func:`render` (bar lengths updated in place and
-drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling`` prints p50 and p95). The bars show the prompt's top candidates by the model's own ranking: every
-filter keeps a prefix of that ranking, so the same bars stay meaningful at every setting.
+drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling`` prints p50 and p95; the
+browser adds the round trip, ``python -m benchmarks browser``). The bars show the prompt's top candidates by the
+model's own ranking: every filter keeps a prefix of that ranking, so the same bars stay meaningful at every
+setting.
 
 ``draw_continuations`` turns :func:`labkit.runtime.generation.generate` into text for the explorer's button and the
 notebook.
@@ -102,7 +104,8 @@ def summary_html(view: SamplingView) -> str:
     rows = "".join(
         f"<tr><td>{html.escape(repr(token))}</td><td>{model:.4f}</td><td>{'removed' if final == 0 else f'{final:.4f}'}"
         f"</td></tr>" for token, model, final in zip(view.tokens, view.model_probs, view.sampling_probs))
-    return (f"<table style='font-family:monospace;font-size:12px;width:100%;word-break:break-all'>{head}"
+    style = "font-family:monospace;font-size:12px;line-height:1.25;width:100%;word-break:break-all"
+    return (f"<table style='{style}'>{head}"
             f"<tr><th>token</th><th>model</th><th>sampling</th></tr>{rows}</table>")
 
 
@@ -120,7 +123,7 @@ class SamplingPlot:
 
     X_LIMITS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
-    def __init__(self, n_show: int, width_in: float = 6.4, height_in: float = 3.6, dpi: int = 80):
+    def __init__(self, n_show: int, width_in: float = 5.8, height_in: float = 3.6, dpi: int = 80):
         from labkit.explorers.canvas import FigureCanvas
 
         self.canvas = FigureCanvas(width_in, height_in, dpi)
@@ -215,7 +218,7 @@ class SamplingExplorer(Explorer):
         import ipywidgets as widgets
 
         self.lm, self.n_show = lm, n_show
-        style = layout.description_style()
+        style = layout.description_style(92)
         self.prompt = widgets.Text(value=prompt, description="prompt", style=layout.description_style(56),
                                    layout=widgets.Layout(flex="1 1 320px", min_width="240px", max_width="560px",
                                                          margin=layout.GAP))
@@ -231,9 +234,11 @@ class SamplingExplorer(Explorer):
                                          style=style, layout=layout.full_width(), readout_format=".2f")
         self.min_p = widgets.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p (0 off)",
                                          style=style, layout=layout.full_width(), readout_format=".2f")
-        self.order = widgets.ToggleButtons(options=[("temperature, then filters", "temperature_first"),
-                                                    ("filters, then temperature", "filters_first")],
-                                           value="temperature_first", style={"button_width": "166px"})
+        self.order = widgets.ToggleButtons(options=[("temperature first", "temperature_first"),
+                                                    ("filters first", "filters_first")],
+                                           value="temperature_first", style={"button_width": "156px"},
+                                           tooltips=["temperature, then the filters",
+                                                     "the filters, then temperature"])
         self.numbers = layout.html_block()
         self.seed = widgets.BoundedIntText(value=0, min=0, max=2**31 - 1, description="seed",
                                            style=layout.description_style(40),
@@ -250,15 +255,16 @@ class SamplingExplorer(Explorer):
         for slider in (self.temperature, self.top_k, self.top_p, self.min_p, self.order):
             slider.observe(self.update, names="value")
         self.run.on_click(lambda button: self.set_prompt())
+        self.mode.observe(lambda change: self.set_prompt(), names="value")  # chat or raw text: another input
         self.draw.on_click(lambda button: self.show_continuations())
         self.widget = widgets.VBox([
             layout.row([self.prompt, self.mode, self.run]),
             layout.row([layout.column([self.temperature, self.top_k, self.top_p, self.min_p, self.order,
-                                       self.numbers]),
+                                       self.numbers], 340),
                         layout.figure_image(self.canvas)]),
             layout.row([self.draw, self.seed]),
             self.continuations,
-        ], layout=widgets.Layout(width="100%"))
+        ])
         self.set_prompt()
 
     def settings(self) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""Every learner notebook in a real browser, as a learner would use it: JupyterLab on localhost, Chromium.
+
+For each notebook: open it in a fresh workspace, Run All, wait for the kernel to go idle; no error output, no
+browser-console error. For each explorer found on the page: every kind of control (slider by keyboard,
+dropdown, toggle, button) changes the picture and the numbers; and at 1280x800 with the file browser open and
+at 1024x768 with it closed, every readout and handle is on top, no label is cut, images keep their aspect, the
+explorer fits the output area, and its controls and figure fit one screen. Screenshots: build/browser/.
+
+Run with ``make test-browser`` (about 3-4 minutes here); skipped, saying why, where Chromium or Playwright is
+missing. The timings are ``python -m benchmarks browser``'s business, never asserted here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package beside tests/
+
+from benchmarks import browser  # noqa: E402
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = browser.learner_notebooks()
+
+
+@pytest.fixture(scope="module")
+def lab():
+    reason = browser.missing()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with browser.JupyterLab(NOTEBOOKS) as server, sync_playwright() as playwright:
+        chromium = browser.launch(playwright)
+        yield server, chromium
+        chromium.close()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
+def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
+    server, chromium = lab
+    page, log = browser.open_notebook(chromium, server, notebook.name, browser.VIEWPORTS["1280x800, file browser open"])
+    try:
+        browser.run_all(page)
+        outputs = browser.outputs(page)
+        errors = [f"cell {o['cell']}: {o.get('ename')}: {o.get('evalue')}" for o in outputs
+                  if o["output_type"] == "error"]
+        assert not errors, errors
+        stderr = [f"cell {o['cell']}: {o['text'][:200]!r}" for o in outputs if o.get("name") == "stderr"]
+        assert not stderr, f"the learner sees warnings or progress bars: {stderr}"
+
+        roots = browser.explorers(page)
+        shows_widget = '"application/vnd.jupyter.widget-view+json"' in notebook.read_text()
+        assert bool(roots) == shows_widget, "an explorer output without an explorer, or the reverse"
+        for number, root in enumerate(roots):
+            problems = {}
+            for name, viewport in browser.VIEWPORTS.items():
+                browser.resize(page, viewport)
+                browser.screenshot(page, root, f"{notebook.stem}-{number}-{viewport[0]}")
+                problems[name] = browser.layout_problems(page, root)
+            assert not any(problems.values()), problems
+
+            browser.resize(page, browser.VIEWPORTS["1280x800, file browser open"])
+            moves = browser.drive(page, root, slider_moves=8)
+            silent = [m for m in moves if not (m.picture_changed or m.numbers_changed)]
+            assert not silent, f"controls that changed nothing: {silent}"
+            for kind in {m.kind for m in moves} - {"button"}:
+                assert any(m.picture_changed and m.numbers_changed for m in moves if m.kind == kind), (kind, moves)
+            if any(m.kind == "button" for m in moves):
+                assert any(m.picture_changed for m in moves if m.kind == "button"), moves
+            assert sum(m.kind == "slider" for m in moves) >= 2 * len(root.locator(".widget-slider").all())
+        assert not log.errors, f"browser console: {log.errors}"
+    finally:
+        page.close()
