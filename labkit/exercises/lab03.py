@@ -1,0 +1,233 @@
+"""Lab 03's exercises: symmetric per-channel fake quantization, affine quantization by MinMaxObserver's rule, and a
+prediction checked on the outlier visualizer.
+
+Each exercise's task text in ``notebooks/solutions/03_numerics_quantization.ipynb`` states the rules used here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from labkit.core.quantization import fake_quantize, outlier_channels
+from labkit.exercises import register
+from labkit.exercises.checking import Case, Exercise, Mistake
+
+
+def _random_matrix(generator: torch.Generator) -> torch.Tensor:
+    rows = int(torch.randint(1, 6, (1,), generator=generator))
+    cols = int(torch.randint(2, 40, (1,), generator=generator))
+    x = torch.randn(rows, cols, generator=generator) * float(torch.rand(1, generator=generator) * 10 + 0.01)
+    if torch.rand(1, generator=generator) < 0.5:  # one row much larger than the others: per-tensor scales fail
+        x[0] *= 50
+    if torch.rand(1, generator=generator) < 0.3:  # a non-negative row (ReLU-like), which an affine grid must handle
+        x[-1] = x[-1].abs()
+    return x
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 03.fake_quantize_per_channel: symmetric, one scale per output row
+
+
+def fake_quantize_per_channel(weight: torch.Tensor, bits: int) -> torch.Tensor:
+    """The reference: symmetric, s_row = max|row| / (2^(bits-1) - 1), round half to even, clip, dequantize."""
+    return fake_quantize(weight, bits, "symmetric", "channel", axis=0)
+
+
+def _per_channel_case(generator: torch.Generator) -> Case:
+    bits = int(torch.randint(2, 9, (1,), generator=generator))
+    return Case((_random_matrix(generator), bits), label=f"a random [rows, cols] weight, bits = {bits}")
+
+
+def _scale(weight, bits, q_max):
+    return weight.abs().amax(dim=1, keepdim=True) / q_max
+
+
+def _per_tensor(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    s = weight.abs().max() / q_max
+    return torch.clamp(torch.round(weight / s), -q_max, q_max) * s
+
+
+def _uses_128(weight, bits):
+    q_max = 2 ** (bits - 1)
+    s = _scale(weight, bits, q_max)
+    return torch.clamp(torch.round(weight / s), -q_max, q_max - 1) * s
+
+
+def _floor(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    s = _scale(weight, bits, q_max)
+    return torch.clamp(torch.floor(weight / s), -q_max, q_max) * s
+
+
+def _codes_not_dequantized(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    return torch.clamp(torch.round(weight / _scale(weight, bits, q_max)), -q_max, q_max)
+
+
+def _per_column(weight, bits):
+    return fake_quantize(weight, bits, "symmetric", "channel", axis=1)
+
+
+PER_CHANNEL = register(
+    Exercise(
+        id="03.fake_quantize_per_channel",
+        title="Symmetric per-channel quantize, then dequantize",
+        function="fake_quantize_per_channel",
+        reference=fake_quantize_per_channel,
+        points=2,
+        rtol=1e-5,
+        atol=1e-6,
+        hand_cases=(
+            Case((torch.tensor([[-1.5, 0.5, 3.0]]), 3), label="s = 3/3 = 1: -1.5 -> -2 and 0.5 -> 0 (half to even)"),
+            Case((torch.tensor([[1.27, -0.64], [0.03, 0.02]]), 8),
+                 label="two rows, two scales: 1.27/127 and 0.03/127"),
+            Case((torch.tensor([[100.0, 1.0, -2.0], [0.3, -0.2, 0.1]]), 4), label="a large row must not flatten a small one"),
+        ),
+        random_case=_per_channel_case,
+        hints=("one scale per row: s = max|row| / (2^(bits-1) - 1); q = clamp(round(w / s), -q_max, q_max); "
+               "return q * s",),
+        mistakes=(
+            Mistake("one scale per ROW (output channel): take the max over dim=1 with keepdim=True, not over the "
+                    "whole tensor", _per_tensor),
+            Mistake("the largest code is 2^(bits-1) - 1 (127 for INT8), not 2^(bits-1) (128): with 128 the row's "
+                    "maximum maps to a code that does not exist", _uses_128),
+            Mistake("round to the nearest code (torch.round), not down (floor): flooring biases every value "
+                    "towards -inf", _floor),
+            Mistake("return the dequantized values q * s, not the integer codes", _codes_not_dequantized),
+            Mistake("the channels are the rows of weight [out, in]: reduce over dim=1", _per_column),
+        ),
+        forbidden=(torch.fake_quantize_per_channel_affine, torch.fake_quantize_per_tensor_affine),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 03.affine_fake_quantize: MinMaxObserver's rule, per tensor, codes 0 .. 2^bits - 1
+
+
+def affine_fake_quantize(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """The reference: s = (max - min) / (2^bits - 1) over a range widened to include 0,
+    z = clamp(0 - round(min / s)), q = clamp(round(x / s) + z, 0, 2^bits - 1), x_hat = s (q - z)."""
+    return fake_quantize(x, bits, "affine", "tensor")
+
+
+def _affine_case(generator: torch.Generator) -> Case:
+    bits = int(torch.randint(2, 9, (1,), generator=generator))
+    x = _random_matrix(generator) + float(torch.randn(1, generator=generator) * 3)
+    return Case((x, bits), label=f"a random tensor, bits = {bits}")
+
+
+def _affine_parts(x, bits, include_zero=True):
+    q_max = 2**bits - 1
+    low, high = (x.min().clamp(max=0), x.max().clamp(min=0)) if include_zero else (x.min(), x.max())
+    s = (high - low) / q_max
+    z = torch.clamp(-torch.round(low / s), 0, q_max)
+    return s, z, q_max
+
+
+def _forgets_zero_point(x, bits):
+    s, z, q_max = _affine_parts(x, bits)
+    return torch.clamp(torch.round(x / s) + z, 0, q_max) * s
+
+
+def _range_without_zero(x, bits):
+    s, z, q_max = _affine_parts(x, bits, include_zero=False)
+    return (torch.clamp(torch.round(x / s) + z, 0, q_max) - z) * s
+
+
+def _unrounded_zero_point(x, bits):
+    s, _, q_max = _affine_parts(x, bits)
+    z = -x.min().clamp(max=0) / s
+    return (torch.clamp(torch.round(x / s + z), 0, q_max) - z) * s
+
+
+def _codes_to_2_pow_bits(x, bits):
+    q_max = 2**bits
+    low, high = x.min().clamp(max=0), x.max().clamp(min=0)
+    s = (high - low) / q_max
+    z = torch.clamp(-torch.round(low / s), 0, q_max)
+    return (torch.clamp(torch.round(x / s) + z, 0, q_max) - z) * s
+
+
+AFFINE = register(
+    Exercise(
+        id="03.affine_fake_quantize",
+        title="Affine quantization with MinMaxObserver's rule",
+        function="affine_fake_quantize",
+        reference=affine_fake_quantize,
+        points=2,
+        rtol=1e-5,
+        atol=1e-5,
+        hand_cases=(
+            Case((torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0]), 3), label="Table 8.7: s = 1, z = 2 -> -2, -1, 0, 1, 5"),
+            Case((torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0, 12.0]), 3),
+                 label="Table 8.7 recalibrated with 12: s = 2, z = 1 -> -2, 0, 0, 2, 4, 12"),
+            Case((torch.tensor([1.0, 2.0, 3.0]), 8), label="all positive: the range still starts at 0 (z = 0)"),
+            Case((torch.tensor([-3.0, -1.0]), 2), label="all negative: the range ends at 0 (z = 3)"),
+        ),
+        random_case=_affine_case,
+        hints=("widen [min, max] to include 0; s = (max - min) / (2^bits - 1); z = -round(min / s) clamped to "
+               "[0, 2^bits - 1]; q = clamp(round(x / s) + z, 0, 2^bits - 1); return s * (q - z)",),
+        mistakes=(
+            Mistake("dequantize with the zero point: x_hat = s * (q - z), not s * q", _forgets_zero_point),
+            Mistake("MinMaxObserver widens the range to include 0 (min(x_min, 0), max(x_max, 0)), so that 0 is "
+                    "exactly representable", _range_without_zero),
+            Mistake("the zero point is an integer code: z = -round(x_min / s)", _unrounded_zero_point),
+            Mistake("bits give 2^bits codes, 0 .. 2^bits - 1: divide the range by 2^bits - 1", _codes_to_2_pow_bits),
+        ),
+        forbidden=(torch.fake_quantize_per_tensor_affine, torch.quantize_per_tensor),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 03.predict_outlier_channels: predict, then check on the visualizer
+
+PREDICT_PROMPT = "The Eiffel Tower is in Paris. It was finished in 1889 and is 330 metres tall."
+PREDICT_LAYER, PREDICT_THRESHOLD = 15, 6.0
+
+
+@functools.lru_cache(maxsize=1)
+def _layer_output() -> torch.Tensor:
+    from labkit import runtime
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    name = runtime.layer_names(lm)[PREDICT_LAYER]
+    with runtime.capture(lm, [name]) as seen:
+        runtime.forward(lm, lm.text_ids(PREDICT_PROMPT), use_cache=False)
+    return seen.only(name)[0]  # [tokens, 576]
+
+
+def outlier_channels_on_the_model() -> float:
+    """How many of the 576 residual-stream channels reach |x| >= 6 at layer 15 on the visualizer's prompt."""
+    return float(outlier_channels(_layer_output(), PREDICT_THRESHOLD).sum())
+
+
+def _no_random_case(generator: torch.Generator) -> Case:
+    return Case(())
+
+
+PREDICT = register(
+    Exercise(
+        id="03.predict_outlier_channels",
+        title="Predict, then check: channels reaching 6.0 at layer 15",
+        function="predicted_outlier_channels",
+        reference=outlier_channels_on_the_model,
+        points=1,
+        n_random=0,
+        rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
+        atol=0.0,
+        hand_cases=(Case((), label=f"layer {PREDICT_LAYER}, residual stream, threshold {PREDICT_THRESHOLD}, "
+                                   f"prompt {PREDICT_PROMPT!r}"),),
+        random_case=_no_random_case,
+        hints=("return your prediction as a number of channels (of 576); the median |x| there is about 2, and a "
+               "channel counts once any token reaches the threshold",),
+    )
+)
+
+__all__ = ["AFFINE", "PER_CHANNEL", "PREDICT", "affine_fake_quantize", "fake_quantize_per_channel",
+           "outlier_channels_on_the_model"]

@@ -1,0 +1,110 @@
+"""The bug zoo of lab 03: each wrong implementation fails with a pointed hint; the solutions pass."""
+
+import torch
+
+from labkit.exercises import get
+from labkit.exercises.checking import check_function
+from zoo import assert_zoo
+
+PER_CHANNEL = get("03.fake_quantize_per_channel")
+AFFINE = get("03.affine_fake_quantize")
+PREDICT = get("03.predict_outlier_channels")
+
+
+def per_channel_solution(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    scale = weight.abs().amax(dim=1, keepdim=True) / q_max
+    return torch.clamp(torch.round(weight / scale), -q_max, q_max) * scale
+
+
+def affine_solution(x, bits):
+    q_max = 2**bits - 1
+    low, high = torch.clamp(x.min(), max=0), torch.clamp(x.max(), min=0)
+    scale = (high - low) / q_max
+    zero = torch.clamp(-torch.round(low / scale), 0, q_max)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, q_max) - zero) * scale
+
+
+# The learners' mistakes, written here (a call into labkit would be reported as such, not as the mistake).
+
+def _rowwise(weight, bits, q_max, rounding=torch.round, dim=1, dequantize=True):
+    scale = weight.abs().amax(dim=dim, keepdim=True) / q_max
+    codes = torch.clamp(rounding(weight / scale), -q_max, q_max)
+    return codes * scale if dequantize else codes
+
+
+def _per_tensor(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    scale = weight.abs().max() / q_max
+    return torch.clamp(torch.round(weight / scale), -q_max, q_max) * scale
+
+
+def _uses_128(weight, bits):
+    q_max = 2 ** (bits - 1)
+    scale = weight.abs().amax(dim=1, keepdim=True) / q_max
+    return torch.clamp(torch.round(weight / scale), -q_max, q_max - 1) * scale
+
+
+def _floor(weight, bits):
+    return _rowwise(weight, bits, 2 ** (bits - 1) - 1, rounding=torch.floor)
+
+
+def _codes_not_dequantized(weight, bits):
+    return _rowwise(weight, bits, 2 ** (bits - 1) - 1, dequantize=False)
+
+
+def _per_column(weight, bits):
+    return _rowwise(weight, bits, 2 ** (bits - 1) - 1, dim=0)
+
+
+def _affine(x, bits, include_zero=True, levels=None, round_zero=True, subtract_zero=True):
+    q_max = levels or 2**bits - 1
+    low, high = (x.min().clamp(max=0), x.max().clamp(min=0)) if include_zero else (x.min(), x.max())
+    scale = (high - low) / q_max
+    zero = torch.clamp(-torch.round(low / scale), 0, q_max) if round_zero else -low / scale
+    shifted = torch.round(x / scale) + zero if round_zero else torch.round(x / scale + zero)
+    codes = torch.clamp(shifted, 0, q_max)
+    return (codes - zero) * scale if subtract_zero else codes * scale
+
+
+def _forgets_zero_point(x, bits):
+    return _affine(x, bits, subtract_zero=False)
+
+
+def _range_without_zero(x, bits):
+    return _affine(x, bits, include_zero=False)
+
+
+def _unrounded_zero_point(x, bits):
+    return _affine(x, bits, round_zero=False)
+
+
+def _codes_to_2_pow_bits(x, bits):
+    return _affine(x, bits, levels=2**bits)
+
+
+def test_per_channel_zoo():
+    assert_zoo(PER_CHANNEL, per_channel_solution, {
+        _per_tensor: "one scale per ROW", _uses_128: "not 2^(bits-1) (128)", _floor: "not down (floor)",
+        _codes_not_dequantized: "not the integer codes", _per_column: "reduce over dim=1"})
+
+
+def test_affine_zoo():
+    assert_zoo(AFFINE, affine_solution, {
+        _forgets_zero_point: "with the zero point", _range_without_zero: "include 0",
+        _unrounded_zero_point: "integer code", _codes_to_2_pow_bits: "2^bits - 1"})
+
+
+def test_forbidden_torch_kernel_is_reported():
+    def uses_torch(x, bits):
+        s = float((x.max().clamp(min=0) - x.min().clamp(max=0)) / (2**bits - 1))
+        z = int(-round(float(x.min().clamp(max=0)) / s))
+        return torch.fake_quantize_per_tensor_affine(x, s, z, 0, 2**bits - 1)
+
+    assert check_function(AFFINE, uses_torch, seed=0).status == "failed"
+
+
+def test_prediction_within_a_factor_of_two(embedded):
+    truth = PREDICT.reference()
+    assert check_function(PREDICT, lambda: truth * 0.6).status == "passed"
+    assert check_function(PREDICT, lambda: 5).status == "failed"
