@@ -14,6 +14,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 
+def figure_png(figure: Figure) -> bytes:
+    """A figure drawn once as PNG bytes, at its own size (show with ``IPython.display.Image``)."""
+    buffer = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(buffer)
+    return buffer.getvalue()
+
+
 class FigureCanvas:
     """A figure plus the ``widgets.Image`` that shows it.
 

@@ -8,12 +8,12 @@ state) and shown as PNG images. The numbers come from ``labkit.core.loss``; noth
 from __future__ import annotations
 
 import html
-import io
 import math
 from typing import Any, Sequence
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from labkit.explorers.canvas import figure_png
 
 
 def token_strings(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
@@ -59,9 +59,7 @@ def surprisal_html(tokens: Sequence[str], surprisal_bits: Sequence[float], max_b
 
 def png(figure: Figure) -> bytes:
     """The figure as PNG bytes (show with ``IPython.display.Image``)."""
-    buffer = io.BytesIO()
-    FigureCanvasAgg(figure).print_png(buffer)
-    return buffer.getvalue()
+    return figure_png(figure)
 
 
 def genre_figure(perplexities: dict[str, float], branching: dict[str, float]) -> Figure:
