@@ -5,7 +5,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.instructor.authoring import KERNELSPEC, STUB, learner_version, strip_solutions
+from labkit.instructor.authoring import (
+    CHECK_TAG, KERNELSPEC, REVEAL_TAG, STUB, hide_reveals, is_reveal, learner_tags, learner_version, strip_solutions,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb"))
@@ -50,9 +52,9 @@ def test_solutions_have_answers_and_learner_copies_do_not(solution_path):
     learner = nbformat.read(ROOT / "notebooks" / solution_path.name, as_version=4)
     assert any("### BEGIN SOLUTION" in c.source for c in solution.cells)
     assert not any("SOLUTION" in c.source for c in learner.cells)
-    # Both are committed executed, with outputs, so they render on a code host.
+    # Both are committed executed, with outputs, so they render on a code host (a learner's reveal is emptied).
     for notebook in (solution, learner):
-        code = [c for c in notebook.cells if c.cell_type == "code"]
+        code = [c for c in notebook.cells if c.cell_type == "code" and not (notebook is learner and is_reveal(c))]
         assert all(c.execution_count is not None for c in code)
         assert sum(bool(c.outputs) for c in code) >= len(code) // 2
 
@@ -64,8 +66,63 @@ def test_check_markers_are_cell_tags_that_the_learner_copy_keeps(solution_path):
     assert not any("NBVAL" in c.source for c in solution.cells), "use the nbval-check-output cell tag, not a comment"
     tags = [c.metadata.get("tags", []) for c in solution.cells]
     assert any("nbval-check-output" in t for t in tags)
-    assert tags == [c.metadata.get("tags", []) for c in learner_version(solution).cells]
-    assert tags == [c.metadata.get("tags", []) for c in committed.cells]
+    expected = [learner_tags(c) for c in solution.cells]  # a reveal's output is not compared in the learner copy
+    assert expected == [c.metadata.get("tags", []) for c in learner_version(solution).cells]
+    assert expected == [c.metadata.get("tags", []) for c in committed.cells]
+
+
+def _toy_notebook():
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    printed = [new_output("stream", name="stdout", text="24\n")]
+    return new_notebook(cells=[
+        new_markdown_cell("How many tokens survive? Predict first."),
+        new_code_cell("def predicted():\n    ### BEGIN SOLUTION\n    return 24\n    ### END SOLUTION",
+                      execution_count=1),
+        new_code_cell('check("01.x")', execution_count=2, outputs=printed, metadata={"tags": [CHECK_TAG]}),
+        new_code_cell("print(24)", execution_count=3, outputs=printed, metadata={"tags": [REVEAL_TAG, CHECK_TAG]}),
+        new_code_cell("print(24)", execution_count=4, outputs=printed, metadata={"tags": [REVEAL_TAG]}),
+    ])
+
+
+def test_a_reveal_is_emptied_and_unchecked_in_the_learner_copy_only():
+    solution = _toy_notebook()
+    learner = learner_version(solution)
+    assert [learner_tags(c) for c in solution.cells] == [[], [], [CHECK_TAG], [REVEAL_TAG], [REVEAL_TAG]]
+    assert [c.metadata.get("tags", []) for c in learner.cells[2:]] == [[CHECK_TAG], [REVEAL_TAG], [REVEAL_TAG]]
+    assert solution.cells[3].metadata["tags"] == [REVEAL_TAG, CHECK_TAG]  # the solution keeps its check
+    for cell in learner.cells[1:]:  # as if executed: every code cell prints, then the reveals are emptied
+        cell.outputs, cell.execution_count = list(solution.cells[2].outputs), 9
+    hide_reveals(learner)
+    assert [bool(c.outputs) for c in learner.cells[1:]] == [True, True, False, False]
+    assert [c.execution_count for c in learner.cells[3:]] == [None, None]
+
+
+def test_only_a_code_cell_can_be_a_reveal():
+    from nbformat.v4 import new_markdown_cell
+
+    solution = _toy_notebook()
+    solution.cells.append(new_markdown_cell("The answer is 24.", metadata={"tags": [REVEAL_TAG]}))
+    with pytest.raises(ValueError, match="only a code cell can be a 'reveal'"):
+        learner_version(solution)
+
+
+@pytest.mark.parametrize("solution_path", SOLUTIONS, ids=lambda p: p.name)
+def test_no_tagged_reveal_carries_outputs_in_a_committed_learner_notebook(solution_path):
+    learner = nbformat.read(ROOT / "notebooks" / solution_path.name, as_version=4)
+    for number, cell in enumerate(learner.cells):
+        if is_reveal(cell):
+            assert cell.outputs == [] and cell.execution_count is None, f"cell {number} reveals an answer early"
+            assert CHECK_TAG not in cell.metadata["tags"], f"cell {number}: nbval would compare it with nothing"
+
+
+@pytest.mark.parametrize("solution_path", SOLUTIONS, ids=lambda p: p.name)
+def test_every_reveal_comes_after_the_check_it_answers(solution_path):
+    cells = nbformat.read(solution_path, as_version=4).cells
+    checks = [n for n, c in enumerate(cells) if c.cell_type == "code" and "check(" in c.source]
+    for number, cell in enumerate(cells):
+        if is_reveal(cell):
+            assert checks and checks[0] < number, f"cell {number} is a reveal with no question checked above it"
 
 
 def test_learner_and_solution_carry_the_kernelspec_jupyterlab_writes():

@@ -13,7 +13,11 @@ and the learner copy gets, at the marker's indentation::
         raise NotImplementedError("your code here")
 
 Everything else (markdown, other code, metadata, cell tags such as nbval's ``nbval-check-output``) is copied
-unchanged. Notebooks are then executed so the committed files carry outputs and render on a code host.
+unchanged, with one exception: a cell tagged ``reveal`` shows the answer to a question the learner answers above
+it (a prediction, an exercise). The learner copy keeps such a cell but commits it without outputs, so the answer
+is not on the page before the learner has given theirs, and without the ``nbval-check-output`` tag (nbval would
+compare a fresh output with the empty committed one). Notebooks are then executed so the committed files carry
+outputs and render on a code host; the reveals are emptied after that run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ STUB = 'raise NotImplementedError("your code here")'
 # The kernelspec JupyterLab writes for a plain ipykernel; with any other display name a notebook shows as modified
 # the moment it is opened.
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+REVEAL_TAG = "reveal"  # the cell shows an answer: the learner copy is committed without its outputs
+CHECK_TAG = "nbval-check-output"  # nbval --nbval-lax compares this cell's outputs
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (BEGIN|END) SOLUTION)[ \t]*$")
 
 
@@ -69,17 +75,49 @@ def write_colab_cell(notebook) -> None:
     first.source = colab_cell_source()
 
 
+def is_reveal(cell) -> bool:
+    """Whether a cell is tagged as a reveal (its outputs answer a question asked above it)."""
+    return REVEAL_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def learner_tags(cell) -> list[str]:
+    """The tags a cell carries in the learner copy: the solution's, minus the output check on a reveal.
+
+    >>> from nbformat.v4 import new_code_cell
+    >>> learner_tags(new_code_cell("print(42)", metadata={"tags": ["reveal", "nbval-check-output"]}))
+    ['reveal']
+    """
+    tags = list(cell.get("metadata", {}).get("tags", []))
+    return [tag for tag in tags if tag != CHECK_TAG] if REVEAL_TAG in tags else tags
+
+
+def hide_reveals(learner) -> None:
+    """Empty every reveal cell of a learner notebook (after it was executed): no answer shows before the question."""
+    for cell in learner.cells:
+        if cell.cell_type == "code" and is_reveal(cell):
+            cell.outputs = []
+            cell.execution_count = None
+
+
 def learner_version(notebook):
-    """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode)."""
+    """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode).
+
+    Reveal cells lose their ``nbval-check-output`` tag (:func:`learner_tags`); :func:`hide_reveals` empties them
+    again after the learner copy is executed.
+    """
     learner = copy.deepcopy(notebook)
     learner.metadata["kernelspec"] = dict(KERNELSPEC)
     for cell in learner.cells:
         if cell.cell_type != "code":
+            if is_reveal(cell):
+                raise ValueError(f"cell {cell.get('id', '?')}: only a code cell can be a {REVEAL_TAG!r} (it hides outputs)")
             continue
         try:
             cell.source = strip_solutions(cell.source)
         except ValueError as error:
             raise ValueError(f"cell {cell.get('id', '?')}: {error}") from None
+        if is_reveal(cell):
+            cell.metadata["tags"] = learner_tags(cell)
         cell.outputs = []
         cell.execution_count = None
     return learner
@@ -126,6 +164,7 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
             execute(solution, cwd=solutions_dir)
             print(f"executing {learner_path.relative_to(root)}")
             execute(learner, cwd=learner_path.parent)
+            hide_reveals(learner)
         nbformat.write(solution, solution_path)
         nbformat.write(learner, learner_path)
         written.append(learner_path)
