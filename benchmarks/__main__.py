@@ -2,9 +2,10 @@
 
 import sys
 
-from benchmarks import load_and_notebooks, loss, memory_explorer, sampling
+from benchmarks import load_and_notebooks, loss, memory_explorer, sampling, speculative
 
-SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss": loss.main, "sampling": sampling.main}
+SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss": loss.main, "sampling": sampling.main,
+          "speculative": speculative.main}
 SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  # lab 03's visualizer latency
 SUITES["browser"] = lambda: __import__("benchmarks.browser").browser.main()  # explorers in Chromium, event -> image
 SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 05: roofline, decode floor, threads
