@@ -116,5 +116,13 @@ def test_the_task_text_can_say_what_is_allowed():
 
 
 def test_the_exercise_is_registered_once_in_its_lab():
-    assert [ex.id for ex in exercises("00")] == ["00.softmax_temperature"]
+    assert [ex.id for ex in exercises("00")] == ["00.softmax_temperature", "00.predict_tokenizer"]
+
+
+def test_the_tokenizer_question_reads_one_letter():
+    question = get("00.predict_tokenizer")
+    assert check_function(question, lambda: "b").status == "passed"
+    for wrong in ["a", "c", "d", "B", 2]:
+        verdict = check_function(question, lambda: wrong)
+        assert verdict.status == "failed" and "expected 'b'" in str(verdict), wrong
     assert EXERCISE.points == 2 and EXERCISE.function == "softmax_with_temperature"

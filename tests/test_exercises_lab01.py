@@ -292,7 +292,23 @@ def test_predictions_pass_within_a_factor_of_two(embedded):
     assert "expected a number, got str" in str(check_function(PREDICT, lambda: "24"))
 
 
+# ----- 01.predict_order (Lesson 4.1, question 4) -----
+
+def test_the_order_question_has_the_lessons_answer():
+    order = get("01.predict_order")
+    assert check_function(order, lambda: ("A", "AB")).status == "passed"
+    assert check_function(order, lambda: ["A", "AB"]).status == "passed"
+    for wrong in [("AB", "AB"), ("A", "A"), ("AB", "A"), ("A", "BA")]:
+        verdict = check_function(order, lambda: wrong)
+        assert verdict.status == "failed" and "expected ('A', 'AB')" in str(verdict), wrong
+
+    def stub():
+        raise NotImplementedError("your code here")
+
+    assert check_function(order, stub).status == "not attempted"
+
+
 def test_the_lab_registers_its_exercises_in_order():
-    assert [ex.id for ex in exercises("01")] == ["01.apply_temperature", "01.top_k_filter", "01.nucleus_probs",
-                                                 "01.predict_kept_tokens"]
-    assert [ex.points for ex in exercises("01")] == [1, 2, 3, 1]
+    assert [ex.id for ex in exercises("01")] == ["01.predict_order", "01.apply_temperature", "01.top_k_filter",
+                                                 "01.nucleus_probs", "01.predict_kept_tokens"]
+    assert [ex.points for ex in exercises("01")] == [1, 1, 2, 3, 1]

@@ -9,21 +9,12 @@ from labkit.core.loss import cross_entropy as labkit_cross_entropy
 from zoo import assert_zoo
 
 CROSS_ENTROPY = get("02.cross_entropy")
-PERPLEXITY = get("02.perplexity")
+NEXT_TOKEN = get("02.next_token_loss")
 
 
 def solution(logits, targets):
     log_probs = torch.log_softmax(logits, dim=-1)
     return -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).mean()
-
-
-def ppl_solution(logits, targets):
-    return solution(logits, targets).exp()
-
-
-def ppl_in_bits(logits, targets):  # right too: 2 ** (mean bits) == e ** (mean nats)
-    bits = -torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)) / torch.log(torch.tensor(2.0))
-    return 2 ** bits.mean()
 
 
 def _picked(logits, targets):
@@ -96,53 +87,107 @@ CROSS_ENTROPY_ZOO = {
 }
 
 
-def exp_of_sum(logits, targets):
-    return summed(logits, targets).exp()
+def next_token_solution(logits, input_ids, attention_mask):
+    log_probs = torch.log_softmax(logits[:, :-1, :], dim=-1)  # row t predicts token t + 1
+    surprisal = -log_probs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    pairs = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()
+    return surprisal[pairs].mean()
 
 
-def base2_of_nats(logits, targets):
-    return 2 ** solution(logits, targets)
+def with_labkit_surprisal(logits, input_ids, attention_mask):  # allowed: labkit's per-token surprisal
+    from labkit.core.loss import token_surprisal
+
+    pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).bool()
+    return token_surprisal(logits[:, :-1], input_ids[:, 1:])[pairs].mean()
 
 
-def exp_of_bits(logits, targets):
-    return log2(logits, targets).exp()
+def _surprisal(logits, targets):
+    return -torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def arithmetic_mean(logits, targets):
-    return (1 / _picked(logits, targets)).mean()
+def no_shift(logits, input_ids, attention_mask):
+    return _surprisal(logits, input_ids)[attention_mask.bool()].mean()
 
 
-def inverse(logits, targets):
-    return (-solution(logits, targets)).exp()
+def wrong_side(logits, input_ids, attention_mask):
+    pairs = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+    return _surprisal(logits[:, 1:], input_ids[:, :-1])[pairs].mean()
 
 
-def is_the_loss(logits, targets):
-    return solution(logits, targets)
+def ignores_padding(logits, input_ids, attention_mask):
+    return _surprisal(logits[:, :-1], input_ids[:, 1:]).mean()
 
 
-PERPLEXITY_ZOO = {
-    exp_of_sum: "exponentiate the MEAN negative log-likelihood, not the sum",
-    base2_of_nats: "use exp, not 2 **",
-    exp_of_bits: "goes with 2 **, not exp",
-    arithmetic_mean: "geometric mean of 1/p",
-    inverse: "your answer is 1 / perplexity",
-    is_the_loss: "perplexity is its exponential",
-    calls_labkit: "calls labkit's own `labkit.core.loss.cross_entropy`",
+def masks_targets_only(logits, input_ids, attention_mask):  # transformers' labels=-100 rule, wrong with left padding
+    return _surprisal(logits[:, :-1], input_ids[:, 1:])[attention_mask[:, 1:] == 1].mean()
+
+
+def masks_inputs_only(logits, input_ids, attention_mask):
+    return _surprisal(logits[:, :-1], input_ids[:, 1:])[attention_mask[:, :-1] == 1].mean()
+
+
+def row_means(logits, input_ids, attention_mask):
+    pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).to(logits.dtype)
+    per_row = (_surprisal(logits[:, :-1], input_ids[:, 1:]) * pairs).sum(-1) / pairs.sum(-1).clamp_min(1)
+    return per_row[pairs.sum(-1) > 0].mean()
+
+
+def every_position(logits, input_ids, attention_mask):
+    pairs = (attention_mask[:, :-1] * attention_mask[:, 1:]).to(logits.dtype)
+    return (_surprisal(logits[:, :-1], input_ids[:, 1:]) * pairs).sum() / pairs.numel()
+
+
+def torch_ignore_index(logits, input_ids, attention_mask):
+    labels = input_ids.masked_fill(attention_mask == 0, -100)[:, 1:]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def calls_the_reference(logits, input_ids, attention_mask):
+    from labkit.exercises.lab02 import next_token_loss
+
+    return next_token_loss(logits, input_ids, attention_mask)
+
+
+NEXT_TOKEN_ZOO = {
+    no_shift: "row t of the logits predicts the token at t + 1",
+    wrong_side: "shifted the wrong way",
+    ignores_padding: "pairs that touch padding must not count",
+    masks_targets_only: "with left padding, the pad just before the first real token",
+    masks_inputs_only: "a pad is never a target",
+    row_means: "not per sequence",
+    every_position: "divide by the number of counted pairs",
+    torch_ignore_index: "calls the ready-made `torch.nn.functional.cross_entropy`",
+    calls_the_reference: "calls labkit's own `labkit.exercises.lab02.next_token_loss`",
 }
 
 
 def test_the_solutions_pass():
     assert check_function(CROSS_ENTROPY, solution).status == "passed"
-    assert check_function(PERPLEXITY, ppl_solution).status == "passed"
-    assert check_function(PERPLEXITY, ppl_in_bits).status == "passed"
+    assert check_function(NEXT_TOKEN, next_token_solution).status == "passed"
+    assert check_function(NEXT_TOKEN, with_labkit_surprisal).status == "passed"
 
 
 def test_every_cross_entropy_bug_fails_with_a_message_that_points_at_it():
     assert_zoo(CROSS_ENTROPY, solution, CROSS_ENTROPY_ZOO)
 
 
-def test_every_perplexity_bug_fails_with_a_message_that_points_at_it():
-    assert_zoo(PERPLEXITY, ppl_solution, PERPLEXITY_ZOO)
+def test_every_alignment_bug_fails_with_a_message_that_points_at_it():
+    assert_zoo(NEXT_TOKEN, next_token_solution, NEXT_TOKEN_ZOO)
+
+
+def test_the_alignment_hand_cases_are_what_their_labels_say():
+    import math
+
+    from labkit.exercises.lab02 import next_token_loss
+
+    first, second = NEXT_TOKEN.hand_cases[:2]
+    assert abs(next_token_loss(*first.args).item() - (math.log(15 / 4) + math.log(15)) / 2) < 1e-12
+    assert abs(next_token_loss(*second.args).item() - math.log(15 / 8)) < 1e-12
+    assert abs(next_token_loss(*first.args).item() - 2.0149) < 1e-4
+    # the random cases carry both paddings and at least one pair
+    generator = torch.Generator().manual_seed(0)
+    labels = [NEXT_TOKEN.random_case(generator).label for _ in range(40)]
+    assert any("left-padded" in label for label in labels) and any("right-padded" in label for label in labels)
 
 
 def test_a_stub_is_not_attempted_and_a_memorized_answer_fails():
@@ -173,9 +218,68 @@ def test_the_task_texts_say_what_is_allowed():
     assert CROSS_ENTROPY.allowed_text == (
         "Neither labkit's functions nor torch's ready-made `torch.nn.functional.cross_entropy` may be called inside "
         "your function: the check reports any such call.")
-    assert PERPLEXITY.allowed_text.startswith("No labkit function")
+    assert NEXT_TOKEN.allowed_text == (
+        "You may call `labkit.core.loss.token_surprisal` and `labkit.core.loss.cross_entropy`; any other labkit "
+        "function, and torch's ready-made `torch.nn.functional.cross_entropy`, is reported by the check.")
 
 
 def test_the_exercises_are_registered_once_in_their_lab():
-    assert [ex.id for ex in exercises("02")] == ["02.cross_entropy", "02.perplexity"]
-    assert (CROSS_ENTROPY.function, PERPLEXITY.function) == ("cross_entropy", "perplexity")
+    assert [ex.id for ex in exercises("02")] == ["02.cross_entropy", "02.next_token_loss", "02.predict_genre_order",
+                                                 "02.predict_best_temperature", "02.predict_decode_calls",
+                                                 "02.predict_cache_test"]
+    assert (CROSS_ENTROPY.function, NEXT_TOKEN.function) == ("cross_entropy", "next_token_loss")
+
+
+class _FakeScores:
+    """Stands in for the evaluation text's scores: a perplexity per genre span and per temperature."""
+
+    def __init__(self, by_span, by_temperature):
+        self.by_span, self.by_temperature = by_span, by_temperature
+
+    def perplexity(self, start=1, end=None, temperature=None):
+        return self.by_temperature[temperature] if temperature is not None else self.by_span[(start, end)]
+
+
+def test_the_genre_order_passes_within_two_places(monkeypatch):
+    from types import SimpleNamespace
+
+    from labkit.exercises import lab02
+
+    truth = ["code", "recipe", "encyclopedia", "dialogue", "news", "story", "poem"]
+    spans = {genre: (10 * n, 10 * n + 10) for n, genre in enumerate(["story", "encyclopedia", "recipe", "dialogue",
+                                                                      "code", "poem", "news"])}
+    by_span = {spans[genre]: 5.0 + 10 * place for place, genre in enumerate(truth)}
+    fake = (SimpleNamespace(spans=spans), _FakeScores(by_span, {}))
+    monkeypatch.setattr(lab02, "eval_text_scores", lambda: fake)
+    order = get("02.predict_genre_order")
+    moved_two = ["recipe", "encyclopedia", "code", "dialogue", "news", "story", "poem"]
+    moved_three = ["recipe", "encyclopedia", "dialogue", "code", "news", "story", "poem"]
+    for guess, status in [(truth, "passed"), (tuple(truth), "passed"), (moved_two, "passed"),
+                          (moved_three, "failed"), (truth[::-1], "failed"), (truth[:-1], "failed"),
+                          (truth[:-1] + ["code"], "failed")]:
+        verdict = check_function(order, lambda: guess)
+        assert verdict.status == status, (guess, str(verdict))
+    assert "expected ['code', 'recipe'" in str(check_function(order, lambda: truth[::-1]))
+
+
+def test_the_best_temperature_passes_within_a_tenth(monkeypatch):
+    from types import SimpleNamespace
+
+    from labkit.exercises import lab02
+
+    curve = {t: 20 + 30 * (t - 1.1) ** 2 for t in lab02.TEMPERATURES}  # lowest at 1.1
+    monkeypatch.setattr(lab02, "eval_text_scores", lambda: (SimpleNamespace(spans={}), _FakeScores({}, curve)))
+    best = get("02.predict_best_temperature")
+    for guess, status in [(1.1, "passed"), (1.0, "passed"), (1.2, "passed"), (1, "passed"), (0.9, "failed"),
+                          (1.4, "failed"), ("1.1", "failed")]:
+        assert check_function(best, lambda: guess).status == status, guess
+
+
+def test_the_lessons_questions_2_and_5(embedded):
+    calls = get("02.predict_decode_calls")
+    assert check_function(calls, lambda: 7).status == "passed"
+    for wrong in (8, 6, 0):
+        assert "expected 7" in str(check_function(calls, lambda: wrong))
+    cache = get("02.predict_cache_test")
+    assert check_function(cache, lambda: "b").status == "passed"
+    assert "expected 'b'" in str(check_function(cache, lambda: "d"))

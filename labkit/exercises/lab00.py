@@ -1,4 +1,4 @@
-"""Lab 00's warm-up exercise: softmax with temperature, greedy at T = 0."""
+"""Lab 00's exercises: softmax with temperature (greedy at T = 0), and Lesson 4.1's question on tokenizers."""
 
 from __future__ import annotations
 
@@ -97,5 +97,41 @@ SOFTMAX_TEMPERATURE = register(
             Mistake("exp overflows for large logits: subtract each row's maximum first (the result is unchanged)",
                     _no_max_shift),
         ),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 00.predict_tokenizer: Lesson 4.1's retrieve-and-predict question 1, as a choice the checker reads
+
+TOKENIZER_CHOICES = {
+    "a": "the embedding matrix gets the wrong shape, so the model cannot run at all",
+    "b": "the same token id can stand for a different piece of text, so the model reads a sequence nobody wrote",
+    "c": "a tokenizer holds some of the model's weights, so changing it changes the weights",
+    "d": "nothing breaks: matching dimensions mean the two tokenizers are compatible",
+}
+
+
+def tokenizer_answer() -> str:
+    """The choice that answers "why can a new tokenizer break a run when the embedding dimensions still match?"."""
+    return "b"
+
+
+def _no_random_case(generator: torch.Generator) -> Case:
+    return Case(())
+
+
+PREDICT_TOKENIZER = register(
+    Exercise(
+        id="00.predict_tokenizer",
+        title="Predict: why a different tokenizer breaks a run whose dimensions match",
+        function="tokenizer_choice",
+        reference=tokenizer_answer,
+        points=1,
+        n_random=0,
+        hand_cases=(Case((), label="Lesson 4.1, question 1: one of " + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES)),),
+        random_case=_no_random_case,
+        hints=('return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id '
+               "is all the model ever sees of the text",),
     )
 )

@@ -1,4 +1,5 @@
-"""Lab 01's exercises: temperature on logits (greedy at T = 0), top-k, top-p after temperature, and a prediction.
+"""Lab 01's exercises: which tokens survive each order (the lesson's question 4), temperature on logits (greedy at
+T = 0), top-k, top-p after temperature, and a prediction on the model.
 
 Each exercise's task text in ``notebooks/solutions/01_sampling.ipynb`` states the rules and tolerances used here.
 """
@@ -42,6 +43,47 @@ def _random_logits(generator: torch.Generator, with_minus_inf: bool = True) -> t
 def _random_temperature(generator: torch.Generator) -> float:
     draw = float(torch.rand(1, generator=generator))
     return 0.0 if draw < 0.15 else round(0.1 + 2.4 * draw, 3)
+
+
+def _no_random_case(generator: torch.Generator) -> Case:
+    return Case(())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 01.predict_order: Lesson 4.1's retrieve-and-predict question 4, answered before the notebook computes it
+
+ORDER_TEMPERATURE, ORDER_TOP_P = 0.5, 0.75
+
+
+def survivors_in_each_order() -> tuple[str, str]:
+    """The tokens of A, B, C, D that keep a nonzero probability at T = 1/2 and top-p = 3/4: (temperature first,
+    filter first), each as letters in alphabetical order.
+
+    >>> survivors_in_each_order()
+    ('A', 'AB')
+    """
+    def letters(probs: torch.Tensor) -> str:
+        return "".join(name for name, prob in zip("ABCD", probs.tolist()) if prob > 0)
+
+    settings = dict(temperature=ORDER_TEMPERATURE, top_p=ORDER_TOP_P)
+    return (letters(sampling_probs(_LOG_8421, **settings)),
+            letters(sampling_probs(_LOG_8421, **settings, order="filters_first")))
+
+
+PREDICT_ORDER = register(
+    Exercise(
+        id="01.predict_order",
+        title="Predict: which tokens survive T = 1/2 and top-p = 3/4, in each order",
+        function="predicted_survivors",
+        reference=survivors_in_each_order,
+        points=1,
+        n_random=0,
+        hand_cases=(Case((), label="logits (log 8, log 4, log 2, log 1), T = 1/2, top-p = 3/4"),),
+        random_case=_no_random_case,
+        hints=("return two strings of letters in alphabetical order, e.g. (\"ABC\", \"AB\"): first the tokens left when "
+               "temperature comes first, then when the filter comes first",),
+    )
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -383,10 +425,6 @@ def kept_tokens_on_the_model() -> float:
     return float(kept_count(filtered))
 
 
-def _no_random_case(generator: torch.Generator) -> Case:
-    return Case(())
-
-
 PREDICT = register(
     Exercise(
         id="01.predict_kept_tokens",
@@ -405,5 +443,5 @@ PREDICT = register(
     )
 )
 
-__all__ = ["APPLY_TEMPERATURE", "NUCLEUS", "PREDICT", "TOP_K", "nucleus_probs", "kept_tokens_on_the_model",
+__all__ = ["APPLY_TEMPERATURE", "NUCLEUS", "PREDICT", "PREDICT_ORDER", "TOP_K", "survivors_in_each_order", "nucleus_probs", "kept_tokens_on_the_model",
            "TOP_P_TOLERANCE"]

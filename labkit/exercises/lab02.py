@@ -1,7 +1,14 @@
-"""Lab 02's exercises: cross-entropy and perplexity of targets under logits."""
+"""Lab 02's exercises: cross-entropy, the next-token loss of a padded batch, and predictions the checker reads.
+
+The predictions about the evaluation text (which genre the model finds easiest, which temperature scores it
+best) are graded against :func:`eval_text_scores`, the one measurement the notebook shows too: computed once per
+process, so a check costs nothing after the notebook's own scoring cell. The lesson's questions 2 and 5 (forward
+calls after prefill, how to test a cache) are graded against the model and a stated answer.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -10,7 +17,7 @@ import torch.nn.functional as F
 from labkit.exercises.checking import Case, Exercise, Mistake
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
-from labkit.core.loss import cross_entropy, perplexity, token_surprisal
+from labkit.core.loss import cross_entropy, token_surprisal
 
 _LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
 
@@ -126,54 +133,287 @@ CROSS_ENTROPY = register(
 )
 
 
-def _ppl_exp_sum(logits, targets):
-    return token_surprisal(logits, targets).sum().exp()
 
 
-def _ppl_base2(logits, targets):
-    return torch.pow(2.0, cross_entropy(logits, targets))
+# --------------------------------------------------------------------------------------------------------------
+# 02.next_token_loss: the shift, on a padded batch
 
 
-def _ppl_log2_then_exp(logits, targets):
-    return cross_entropy(logits, targets, unit="bits").exp()
+def next_token_loss(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (nats) of a padded batch, from a causal model's own output.
+
+    logits ``[batch, seq_len, vocab]`` come from reading ``input_ids [batch, seq_len]``; ``attention_mask`` is 1 on
+    real tokens, 0 on padding (on either side). The row at position ``t`` predicts the token at ``t + 1``, and a
+    pair counts only when both are real tokens; the mean runs over every counted pair of the batch.
+
+    >>> logits = torch.zeros(1, 3, 4)  # four equal logits everywhere: every pair costs ln 4
+    >>> round(next_token_loss(logits, torch.tensor([[1, 2, 0]]), torch.tensor([[1, 1, 0]])).item(), 4)
+    1.3863
+    """
+    surprisal = token_surprisal(logits[:, :-1, :], input_ids[:, 1:])  # [batch, seq_len - 1]: row t scores t + 1
+    pairs = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()  # both ends of the pair are real tokens
+    return surprisal[pairs].mean()
 
 
-def _ppl_arithmetic(logits, targets):
-    return token_surprisal(logits, targets).exp().mean()
+PAD_ID = 0  # what sits under the padding; any valid id (the mask, not the id, says it is padding)
 
 
-def _ppl_no_minus(logits, targets):
-    return (-cross_entropy(logits, targets)).exp()
+def _padded_case(generator: torch.Generator) -> Case:
+    batch = int(torch.randint(1, 4, (1,), generator=generator))
+    seq_len = int(torch.randint(3, 10, (1,), generator=generator))
+    vocab = int(torch.randint(2, 30, (1,), generator=generator))
+    scale = float(0.5 + 4.5 * torch.rand(1, generator=generator))
+    logits = torch.randn(batch, seq_len, vocab, generator=generator, dtype=torch.float64) * scale
+    input_ids = torch.randint(0, vocab, (batch, seq_len), generator=generator)
+    left = bool(torch.rand(1, generator=generator) < 0.5)
+    lengths = torch.randint(2, seq_len + 1, (batch,), generator=generator)
+    lengths[int(torch.randint(0, batch, (1,), generator=generator))] = int(torch.randint(2, seq_len, (1,), generator=generator))
+    positions = torch.arange(seq_len)
+    real = (positions >= seq_len - lengths[:, None]) if left else (positions < lengths[:, None])
+    input_ids = input_ids.masked_fill(~real, PAD_ID)
+    side = "left" if left else "right"
+    return Case((logits, input_ids, real.long()), label=f"random {side}-padded batch, logits {tuple(logits.shape)}")
 
 
-def _ppl_is_loss(logits, targets):
-    return cross_entropy(logits, targets)
+def _lesson_rows(n: int) -> torch.Tensor:
+    return _LOG_8421.repeat(1, n, 1)  # [1, n, 4]: (8, 4, 2, 1) / 15 at every position
 
 
-def _ppl_mean_probability(logits, targets):
-    return 1 / torch.softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).mean()
+# At padded positions the logits are loud nonsense, so a loss that reads them is far off.
+_LOUD = torch.tensor([0.0, 0.0, 0.0, 40.0], dtype=torch.float64)
+_RIGHT_PADDED = torch.stack([_LOG_8421, _LOG_8421, _LOG_8421, _LOUD])[None].repeat(2, 1, 1)  # [2, 4, 4]
+_RIGHT_PADDED[1, 2] = _LOUD
+_LEFT_PADDED = _RIGHT_PADDED.flip(1).clone()
+
+_ALIGNMENT_CASES = (
+    Case((_lesson_rows(3), torch.tensor([[0, 1, 3]]), torch.ones(1, 3, dtype=torch.long)),
+         label="one text A B D, no padding: rows 0 and 1 score B and D, loss (ln 15/4 + ln 15) / 2 = 2.0149"),
+    Case((_lesson_rows(2), torch.tensor([[2, 0]]), torch.ones(1, 2, dtype=torch.long)),
+         label="two tokens make one pair: row 0 scores A, loss ln 15/8 = 0.6286"),
+    Case((_RIGHT_PADDED, torch.tensor([[0, 1, 0, 3], [1, 2, PAD_ID, PAD_ID]]), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])),
+         label="right padding: 2 pairs in row 0, 1 in row 1; the padded rows' logits must not count"),
+    Case((_LEFT_PADDED, torch.tensor([[3, 0, 1, 0], [PAD_ID, PAD_ID, 2, 1]]), torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]])),
+         label="left padding: the pad before the first real token predicts nothing that counts"),
+    Case((_lesson_rows(4).repeat(2, 1, 1), torch.tensor([[0, 0, 1, 3], [2, PAD_ID, PAD_ID, PAD_ID]]),
+          torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])),
+         label="a row with one real token has no pair: the mean is over row 0's 3 pairs"),
+)
 
 
-PERPLEXITY = register(
+def _no_shift(logits, input_ids, attention_mask):
+    return token_surprisal(logits, input_ids)[attention_mask.bool()].mean()
+
+
+def _wrong_side(logits, input_ids, attention_mask):
+    pairs = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()
+    return token_surprisal(logits[:, 1:, :], input_ids[:, :-1])[pairs].mean()
+
+
+def _ignores_padding(logits, input_ids, attention_mask):
+    return token_surprisal(logits[:, :-1, :], input_ids[:, 1:]).mean()
+
+
+def _target_mask_only(logits, input_ids, attention_mask):
+    return token_surprisal(logits[:, :-1, :], input_ids[:, 1:])[attention_mask[:, 1:].bool()].mean()
+
+
+def _input_mask_only(logits, input_ids, attention_mask):
+    return token_surprisal(logits[:, :-1, :], input_ids[:, 1:])[attention_mask[:, :-1].bool()].mean()
+
+
+def _mean_of_row_means(logits, input_ids, attention_mask):
+    pairs = (attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()).double()
+    surprisal = token_surprisal(logits[:, :-1, :], input_ids[:, 1:])
+    rows = pairs.sum(-1) > 0
+    return ((surprisal * pairs).sum(-1)[rows] / pairs.sum(-1)[rows]).mean().to(logits.dtype)
+
+
+def _divides_by_every_pair(logits, input_ids, attention_mask):
+    pairs = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()
+    return (token_surprisal(logits[:, :-1, :], input_ids[:, 1:]) * pairs).sum() / pairs.numel()
+
+
+NEXT_TOKEN_LOSS = register(
     Exercise(
-        id="02.perplexity",
-        title="Perplexity of targets under logits",
-        function="perplexity",
-        reference=perplexity,
-        points=1,
+        id="02.next_token_loss",
+        title="Next-token loss of a padded batch",
+        function="next_token_loss",
+        reference=next_token_loss,
+        allowed=(token_surprisal, cross_entropy),
+        forbidden=(F.cross_entropy,),
+        points=2,
         rtol=1e-5,
         atol=1e-7,
-        hand_cases=_HAND_CASES,
-        random_case=_random_case,
-        hints=("perplexity = exp(mean of -log p(target)) with natural logs (or 2 ** the mean in bits)",),
+        hand_cases=_ALIGNMENT_CASES,
+        random_case=_padded_case,
+        hints=("score logits[:, :-1] against input_ids[:, 1:], keep the pairs whose two positions are both real "
+               "tokens, and average over those pairs",),
         mistakes=(
-            Mistake("exponentiate the MEAN negative log-likelihood, not the sum: perplexity is per token", _ppl_exp_sum),
-            Mistake("base mismatch: the loss is in nats (natural log), so use exp, not 2 **", _ppl_base2),
-            Mistake("base mismatch: a loss in bits (log2) goes with 2 **, not exp", _ppl_log2_then_exp),
-            Mistake("perplexity is a geometric mean of 1/p: exp of the mean surprisal, not the mean of exp", _ppl_arithmetic),
-            Mistake("exp of the NEGATIVE log-likelihood: your answer is 1 / perplexity (it is below 1)", _ppl_no_minus),
-            Mistake("that is the cross-entropy itself: perplexity is its exponential", _ppl_is_loss),
-            Mistake("not 1 / (mean probability): the geometric mean of 1/p is exp(mean -log p)", _ppl_mean_probability),
+            Mistake("row t of the logits predicts the token at t + 1: shift, scoring logits[:, :-1] against "
+                    "input_ids[:, 1:]", _no_shift),
+            Mistake("shifted the wrong way: the LAST row of logits predicts nothing we have and the FIRST token is "
+                    "predicted by nothing, so drop those (logits[:, :-1] against input_ids[:, 1:])", _wrong_side),
+            Mistake("pairs that touch padding must not count: keep a pair only where attention_mask is 1 at both "
+                    "positions", _ignores_padding),
+            Mistake("a pair needs a real token on BOTH ends: with left padding, the pad just before the first real "
+                    "token would 'predict' it (mask[:, :-1] & mask[:, 1:])", _target_mask_only),
+            Mistake("a pad is never a target: with right padding, the last real token's row would be scored on the pad "
+                    "after it (mask[:, :-1] & mask[:, 1:])", _input_mask_only),
+            Mistake("average over every counted pair of the batch, not per sequence: rows with more pairs weigh more",
+                    _mean_of_row_means),
+            Mistake("divide by the number of counted pairs, not by every position of the batch", _divides_by_every_pair),
         ),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Predictions about the evaluation text, graded against the lab's one measurement of it
+
+WINDOW, STRIDE = 512, 256  # every token from position STRIDE on is predicted from >= WINDOW - STRIDE + 1 tokens
+TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 1.8, 2.0)
+TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
+
+
+@functools.lru_cache(maxsize=1)
+def eval_text_scores():
+    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per process.
+
+    ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
+    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them.
+    """
+    from labkit.core.texts import load_eval_text, tokenize_sections
+    from labkit.runtime.models import load_model
+    from labkit.runtime.scoring import score_text
+
+    lm = load_model(progress=False)
+    corpus = tokenize_sections(lm.tokenizer, load_eval_text())
+    scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
+                        truncations=TRUNCATIONS, progress=False)
+    return corpus, scores
+
+
+def genre_perplexities() -> dict[str, float]:
+    """Each genre's perplexity in :func:`eval_text_scores`."""
+    corpus, scores = eval_text_scores()
+    return {genre: scores.perplexity(start, end) for genre, (start, end) in corpus.spans.items()}
+
+
+GENRE_SLACK = 2  # a predicted order passes when every genre is at most this many places from its true place
+
+
+class _OrderWithin:
+    """A true order that a predicted one matches when every genre sits within GENRE_SLACK places of its own."""
+
+    def __init__(self, truth: list[str]):
+        self.truth = truth
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (list, tuple)) or sorted(map(str, other)) != sorted(self.truth):
+            return False
+        return all(abs(list(other).index(genre) - place) <= GENRE_SLACK for place, genre in enumerate(self.truth))
+
+    def __repr__(self) -> str:
+        return f"{self.truth} (within {GENRE_SLACK} places each)"
+
+
+def genre_order() -> _OrderWithin:
+    """The genres from the lowest perplexity (most predictable) to the highest."""
+    ranked = genre_perplexities()
+    return _OrderWithin(sorted(ranked, key=ranked.get))
+
+
+PREDICT_GENRES = register(
+    Exercise(
+        id="02.predict_genre_order",
+        title="Predict: the genres from most to least predictable",
+        function="predicted_genre_order",
+        reference=genre_order,
+        points=1,
+        n_random=0,
+        hand_cases=(Case((), label="the seven genres of the evaluation text, lowest perplexity first"),),
+        random_case=lambda generator: Case(()),
+        hints=("return a list of the seven genre names (story, encyclopedia, recipe, dialogue, code, poem, news), "
+               "each once, the most predictable first",),
+    )
+)
+
+
+def best_temperature() -> float:
+    """The temperature of the grid at which the evaluation text's perplexity is lowest."""
+    _, scores = eval_text_scores()
+    return min(TEMPERATURES, key=lambda temperature: scores.perplexity(temperature=temperature))
+
+
+PREDICT_TEMPERATURE = register(
+    Exercise(
+        id="02.predict_best_temperature",
+        title="Predict: the temperature that gives the text its lowest perplexity",
+        function="predicted_best_temperature",
+        reference=best_temperature,
+        points=1,
+        n_random=0,
+        rtol=0.0,
+        atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
+        hand_cases=(Case((), label=f"the grid {TEMPERATURES}"),),
+        random_case=lambda generator: Case(()),
+        hints=("return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature",),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Lesson 4.1's retrieve-and-predict questions 2 and 5
+
+def decode_calls_after_prefill(n_new: int = 8) -> int:
+    """Counted on the model: the forward calls after the prefill while a greedy generation writes n_new tokens."""
+    from labkit.runtime.generation import generate
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    steps = []
+    generate(lm, lm.text_ids("The tide"), n_new, on_step=steps.append)
+    return sum(1 for step in steps if step.step > 0)  # step 0 is the prefill
+
+
+PREDICT_CALLS = register(
+    Exercise(
+        id="02.predict_decode_calls",
+        title="Predict: forward calls after the prefill for eight output tokens",
+        function="predicted_decode_calls",
+        reference=decode_calls_after_prefill,
+        points=1,
+        n_random=0,
+        hand_cases=(Case((), label="Lesson 4.1, question 2: eight output tokens, counted on the model"),),
+        random_case=lambda generator: Case(()),
+        hints=("return a whole number; which forward pass gives the logits of the first output token?",),
+    )
+)
+
+CACHE_TEST_CHOICES = {
+    "a": "sample 20 tokens with each path from the same seed and compare the two texts",
+    "b": "give both paths the same prefix at every step and compare their next-token logits within a tolerance",
+    "c": "compare the perplexity of each path's own generated text",
+    "d": "generate greedily with each path and require bit-identical logits at every step",
+}
+
+
+def cache_test_answer() -> str:
+    """The choice that isolates the cache: identical prefixes, logits compared within a tolerance."""
+    return "b"
+
+
+PREDICT_CACHE_TEST = register(
+    Exercise(
+        id="02.predict_cache_test",
+        title="Predict: the comparison that tests a KV cache",
+        function="cache_test_choice",
+        reference=cache_test_answer,
+        points=1,
+        n_random=0,
+        hand_cases=(Case((), label="Lesson 4.1, question 5: one of " + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES)),),
+        random_case=lambda generator: Case(()),
+        hints=('return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are '
+               "their next steps still comparing?",),
     )
 )
