@@ -44,6 +44,10 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
     server, chromium = lab
     page, log = browser.open_notebook(chromium, server, notebook.name, browser.VIEWPORTS["1280x800, file browser open"])
     try:
+        assert not page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.dirty"), (
+            "the notebook shows as modified as soon as it opens (kernelspec or metadata JupyterLab rewrites)")
+        shown = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output')].map(e => e.innerText)")
+        assert not [text for text in shown if "VBox(children" in text], "a widget's repr instead of its picture"
         browser.run_all(page)
         outputs = browser.outputs(page)
         errors = [f"cell {o['cell']}: {o.get('ename')}: {o.get('evalue')}" for o in outputs

@@ -35,3 +35,8 @@ def test_colab_pins_satisfy_labkit_and_its_test_extra():
 def test_a_changed_pin_is_named():
     assert changed({"traitlets": "5.7.1"}, {}) == ["traitlets: Colab has 5.7.1, now not installed"]
     assert changed({"numpy": "2.0.2"}, {"numpy": "2.0.2"}) == []
+
+
+def test_the_transformers_floor_is_the_version_colab_check_runs():
+    floor = next(Requirement(r) for r in PROJECT["dependencies"] if Requirement(r).name == "transformers")
+    assert str(floor.specifier) == f">={pins()['transformers']}"
