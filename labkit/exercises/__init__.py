@@ -32,21 +32,24 @@ def register(exercise: Exercise) -> Exercise:
     return exercise
 
 
-def _load_labs() -> None:
-    """Import every ``labNN`` module of this package; importing one registers its lab's exercises."""
+def _load_labs(only: str | None = None) -> None:
+    """Import the ``labNN`` modules of this package (only lab ``only`` when it names one); importing one
+    registers its lab's exercises. A check imports its own lab only: the other labs' modules may pull in more."""
     import importlib
     import pkgutil
 
-    for module in pkgutil.iter_modules(__path__):
-        if module.name.startswith("lab"):
-            lab = module.name[len("lab"):]
-            try:
-                importlib.import_module(f"{__name__}.{module.name}")
-            except Exception as error:  # noqa: BLE001 - one broken lab must not break the others
-                lines = str(error).strip().splitlines()
-                _LOAD_ERRORS[lab] = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
-            else:
-                _LOAD_ERRORS.pop(lab, None)
+    names = [module.name for module in pkgutil.iter_modules(__path__) if module.name.startswith("lab")]
+    if only is not None and f"lab{only}" in names:
+        names = [f"lab{only}"]
+    for module_name in names:
+        lab = module_name[len("lab"):]
+        try:
+            importlib.import_module(f"{__name__}.{module_name}")
+        except Exception as error:  # noqa: BLE001 - one broken lab must not break the others
+            lines = str(error).strip().splitlines()
+            _LOAD_ERRORS[lab] = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+        else:
+            _LOAD_ERRORS.pop(lab, None)
 
 
 def load_problem(lab: str) -> str | None:
@@ -62,20 +65,22 @@ def exercises(lab: str | None = None) -> list[Exercise]:
 
     A lab that could not be loaded is reported (printed) and contributes no exercises.
     """
-    _load_labs()
+    _load_labs(lab)
     for failed in sorted(_LOAD_ERRORS) if lab is None else [lab]:
         if load_problem(failed):
             print(load_problem(failed))
     chosen = [ex for ex in _REGISTRY.values() if lab is None or ex.lab == lab]
     if lab is not None and not chosen and lab not in _LOAD_ERRORS:
+        _load_labs()
         labs = sorted({ex.lab for ex in _REGISTRY.values()} | set(_LOAD_ERRORS))
         raise ValueError(f"lab must be one of {labs}, got {lab!r}")
     return chosen
 
 
 def get(exercise_id: str) -> Exercise:
-    _load_labs()
+    _load_labs(str(exercise_id).split(".", 1)[0])
     if exercise_id not in _REGISTRY:
+        _load_labs()  # to name every exercise in the error
         problem = load_problem(str(exercise_id).split(".", 1)[0])
         raise ValueError(problem or f"exercise_id must be one of {sorted(_REGISTRY)}, got {exercise_id!r}")
     return _REGISTRY[exercise_id]
