@@ -53,6 +53,13 @@ def learner_notebooks() -> list[Path]:
     return sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+def saved_explorer_outputs(notebook: Path) -> int:
+    """Outputs in the file that are explorers: a widget view with its picture (labkit.explorers.base.Explorer)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    return sum(1 for cell in cells for output in cell.get("outputs", ())
+               if {"application/vnd.jupyter.widget-view+json", "image/png"} <= set(output.get("data", {})))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The server
 
@@ -370,7 +377,8 @@ _LAYOUT = """([root, oneScreen]) => {
         const ratio = (r.width / r.height) / (img.naturalWidth / img.naturalHeight);
         if (Math.abs(ratio - 1) > 0.05) problems.push(`image stretched: ${img.naturalWidth}x${img.naturalHeight}`
             + ` shown ${Math.round(r.width)}x${Math.round(r.height)}`);
-        if (r.width > img.naturalWidth * 1.05) problems.push(`image scaled up ${(r.width / img.naturalWidth).toFixed(2)}x`);
+        if (r.width > img.naturalWidth * 1.05)
+            problems.push(`image scaled up ${(r.width / img.naturalWidth).toFixed(2)}x`);
     }
     // 4. nothing wider than the output area
     for (const e of [root, ...root.querySelectorAll('*')]) {
@@ -432,7 +440,7 @@ def main(slider_moves: int = 30) -> None:
         return
     from playwright.sync_api import sync_playwright
 
-    notebooks = [n for n in learner_notebooks() if '"application/vnd.jupyter.widget-view+json"' in n.read_text()]
+    notebooks = [n for n in learner_notebooks() if saved_explorer_outputs(n)]
     print("Explorers in Chromium (JupyterLab, 1280x800): slider/toggle/dropdown event -> new image in the page")
     print(f"{'notebook':<28} {'explorer':>8} {'moves':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
     with JupyterLab(notebooks) as lab, sync_playwright() as playwright:
