@@ -61,6 +61,10 @@ COLAB_PYTHON ?= python3.11
 COLAB_VENV := .venv-colab
 COLAB_PY := $(COLAB_VENV)/bin/python
 COLAB_JOBS ?= 2
+# Its own model cache: a cache records the transformers that wrote it, so sharing the user's would make each
+# environment rebuild it for the other (and tests/test_models.py copies the real cache).
+COLAB_RUN := cd build/colab && OMP_NUM_THREADS=1 LABKIT_CACHE=$(CURDIR)/$(COLAB_VENV)/labkit-cache \
+  ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) --rootdir ../.. -c ../../pyproject.toml
 $(COLAB_VENV)/.colab-stack: tests/colab-pins.txt
 	rm -rf $(COLAB_VENV)
 	$(COLAB_PYTHON) -m venv $(COLAB_VENV)
@@ -76,8 +80,6 @@ colab-check: $(COLAB_VENV)/.colab-stack
 	$(COLAB_PY) tests/colab_stack.py check
 	$(COLAB_PY) -m pip install --quiet "$$(ls build/colab/labkit-*.whl)[test]"
 	$(COLAB_PY) tests/colab_stack.py check
-	cd build/colab && OMP_NUM_THREADS=1 ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) \
-	  --rootdir ../.. -c ../../pyproject.toml --dist loadscope --nbval-lax --nbval-current-env \
-	  --nbval-sanitize-with ../../tests/nbval_sanitize.cfg ../../notebooks/solutions
-	cd build/colab && OMP_NUM_THREADS=1 ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) \
-	  --rootdir ../.. -c ../../pyproject.toml --ignore=../../tests/test_browser.py ../../tests
+	$(COLAB_RUN) --dist loadscope --nbval-lax --nbval-current-env --nbval-sanitize-with ../../tests/nbval_sanitize.cfg \
+	  ../../notebooks/solutions
+	$(COLAB_RUN) --ignore=../../tests/test_browser.py ../../tests
