@@ -31,7 +31,7 @@ lab: setup
 # count, so every checked output is proven at two thread counts.
 TEST_JOBS ?= auto
 test: setup
-	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --durations 15 --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --durations 15 -m "not browser" --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # Instructor: regenerate learner notebooks from notebooks/solutions and execute both so they carry outputs.
 notebooks: setup

@@ -142,8 +142,17 @@ def _run(notebook: Any, cwd: Path, cell_timeout_s: int, env: dict[str, str], lim
         client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
 
         def on_kernel_start(notebook: Any) -> None:
-            current["process"] = client.km.provisioner.process
-            confinement.kernel_pgid = client.km.provisioner.pgid
+            # jupyter-client 7+ keeps the process in a provisioner; 6.x (Colab's) on the manager as `kernel`.
+            provisioner = getattr(client.km, "provisioner", None)
+            process = getattr(provisioner, "process", None) or getattr(client.km, "kernel", None)
+            current["process"] = process
+            pgid = getattr(provisioner, "pgid", None)
+            if pgid is None and process is not None:
+                try:  # only a kernel that leads its own group may have the group killed; never the grader's
+                    pgid = process.pid if os.getpgid(process.pid) == process.pid else None
+                except (OSError, AttributeError):
+                    pgid = None
+            confinement.kernel_pgid = pgid
 
         client.on_notebook_start = on_kernel_start
         try:
