@@ -31,6 +31,8 @@ lab: setup
 # count, so every checked output is proven at two thread counts.
 TEST_JOBS ?= auto
 test: setup
+	# Convert the embedded model once, before parallel workers and notebook kernels would each try to.
+	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
 	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --durations 15 -m "not browser" --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # Instructor: regenerate learner notebooks from notebooks/solutions and execute both so they carry outputs.
