@@ -270,7 +270,8 @@ class OutlierExplorer(Explorer):
         self.threshold = widgets.FloatSlider(value=LLM_INT8_THRESHOLD, min=0.5, max=60.0, step=0.5,
                                              description="threshold", style=style, layout=layout.full_width())
         self.alpha = widgets.FloatSlider(value=0.5, min=0.0, max=1.0, step=0.05, description="SmoothQuant α",
-                                         style=style, layout=layout.full_width())
+                                         style=layout.description_style(120),  # the longest label here
+                                         layout=layout.full_width())
         self.numbers = layout.html_block()
         self.figure = OutlierFigure()
         self.canvas = self.figure.canvas
