@@ -66,7 +66,7 @@ def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     alpha, gamma = _alpha(alpha), _gamma(gamma)
     if alpha == 1.0:
         return float(gamma + 1)
-    if alpha == 0.0:
+    if alpha == 0.0 or gamma == 0:  # no draft: the call yields its own token only
         return 1.0
     # 1 - alpha**n as -expm1(n log alpha): no cancellation when alpha is close to 1 (1 - alpha is exact there)
     return -math.expm1((gamma + 1) * math.log(alpha)) / (1.0 - alpha)
