@@ -149,7 +149,12 @@ def test_decode_flops_agree_with_torch_flop_counter():
     _, cache = runtime.prefill(model, ids)
     with FlopCounterMode(display=False) as counter:
         runtime.decode_one_token(model, ids[:, -1:], cache)
-    assert counter.get_total_flops() == step_cost(spec, 1, context_len=7, batch_size=2).flops
+    # transformers 4.x computes the rotary angles as a matmul (inverse frequencies x positions: 2 x head_dim/2 x
+    # tokens FLOPs, 8 here); the cost model leaves that out like the other elementwise work. 5.x counts none there.
+    rotary = sum(sum(ops.values()) for module, ops in counter.get_flop_counts().items()
+                 if module.endswith("rotary_emb"))
+    assert rotary in (0, 2 * (8 // 2) * 1)
+    assert counter.get_total_flops() - rotary == step_cost(spec, 1, context_len=7, batch_size=2).flops
 
 
 @pytest.mark.parametrize("call,match", [

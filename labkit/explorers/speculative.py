@@ -17,6 +17,8 @@ import torch
 
 from labkit.core import speculative as sp
 from labkit.core import validation
+from labkit.explorers import base as layout
+from labkit.explorers.base import Explorer
 
 MAX_GAMMA = 12
 STRIP_CALLS = 12
@@ -151,43 +153,47 @@ def render(plot: SpeculativePlot, view: SpeculativeView,
     plot.canvas.image.value = plot.canvas.png_as_drawn()
 
 
-class SpeculativeExplorer:
+class SpeculativeExplorer(Explorer):
     """The simulator widget: α, γ and c sliders, a toggle for α that decays by position, the plot and numbers.
 
-    ``measured`` is a list of ``(gamma, measured speedup)`` from real runs, drawn as points.
+    ``measured`` is a list of ``(gamma, measured speedup)`` from real runs, drawn as points. ``controls`` holds
+    ``alpha``, ``gamma``, ``cost`` and ``mode`` (also attributes of the same names).
     """
+
+    title = "speculative-decoding simulator"
 
     def __init__(self, alpha: float = 0.7, gamma: int = 4, cost_ratio: float = 0.1,
                  measured: Sequence[tuple[int, float]] = ()):
         import ipywidgets as widgets
 
-        style, layout = {"description_width": "90px"}, widgets.Layout(width="360px")
+        style, width = layout.description_style(), layout.full_width
         self.alpha = widgets.FloatSlider(value=alpha, min=0.0, max=1.0, step=0.01, description="α (accept)",
-                                         style=style, layout=layout)
+                                         style=style, layout=width())
         self.gamma = widgets.IntSlider(value=gamma, min=0, max=MAX_GAMMA, description="γ (drafts)", style=style,
-                                       layout=layout)
+                                       layout=width())
         self.cost = widgets.FloatSlider(value=cost_ratio, min=0.0, max=1.0, step=0.01, description="c (cost)",
-                                        style=style, layout=layout)
+                                        style=style, layout=width())
+        # Two buttons of 170 px fill the 360 px column (ToggleButtons add a few px of margin each).
         self.mode = widgets.ToggleButtons(options=[("same α everywhere", False), ("α decays by position", True)],
-                                          value=False, style={"button_width": "150px"})
-        self.numbers = widgets.HTML()
+                                          value=False, style={"button_width": "170px"}, layout=width())
+        self.controls = {"alpha": self.alpha, "gamma": self.gamma, "cost": self.cost, "mode": self.mode}
+        self.numbers = layout.html_block()
         self.measured_points = list(measured)
         self.plot = SpeculativePlot()
-        for control in (self.alpha, self.gamma, self.cost, self.mode):
-            control.observe(lambda change: self.update(), names="value")
-        self.widget = widgets.VBox([widgets.HBox([widgets.VBox([self.alpha, self.gamma, self.cost, self.mode]),
-                                                  self.numbers]), self.plot.canvas.image])
+        self.canvas = self.plot.canvas
+        for control in self.controls.values():
+            control.observe(self.update, names="value")
         self.update()
+        self.widget = widgets.VBox([
+            layout.row([layout.column([self.alpha, self.gamma, self.cost, self.mode]),
+                        layout.figure_image(self.canvas)]),
+            self.numbers,
+        ], layout=widgets.Layout(width="100%"))
 
-    def update(self) -> None:
+    def update(self, change: object = None) -> None:
         self.view = compute(self.alpha.value, self.gamma.value, self.cost.value, self.mode.value)
         render(self.plot, self.view, self.measured_points)
         self.numbers.value = summary_html(self.view)
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
 
 
 def speculative_explorer(alpha: float = 0.7, gamma: int = 4, cost_ratio: float = 0.1,
