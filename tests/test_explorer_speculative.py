@@ -55,5 +55,5 @@ def test_the_widget_updates_in_place_and_quickly():
         durations.append(time.perf_counter() - started)
     assert explorer.plot.speed_line is line and explorer.plot.canvas.image is image  # same artists, same image
     assert image.value != before
-    assert "0.9" in explorer.numbers.value or "tokens per call" in summary_html(explorer.view)
+    assert explorer.numbers.value == summary_html(explorer.view)
     assert explorer.view.alpha == 0.9

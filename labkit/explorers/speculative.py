@@ -91,11 +91,30 @@ def summary_html(view: SpeculativeView) -> str:
     return f"<table style='font-family:monospace;font-size:12px'>{body}</table>"
 
 
+TOKENS_LIMITS = (2.0, 4.0, 7.0, 14.0)  # y limits of the tokens panel (snapped up to the first that holds the curves)
+SPEED_LIMITS = (1.5, 2.0, 3.0, 4.0, 6.0, 9.0, 14.0)  # y limits of the improvement panel
+
+
+def snapped_limit(value: float, levels: Sequence[float]) -> float:
+    """The first level at or above ``value`` (the last when none is): y limits that change in a few steps only.
+
+    >>> snapped_limit(2.5, (2.0, 4.0)), snapped_limit(9.0, (2.0, 4.0))
+    (4.0, 4.0)
+    """
+    return next((level for level in levels if level >= value), levels[-1])
+
+
 class SpeculativePlot:
-    """Two line panels and a strip of rectangles, created once and updated in place."""
+    """Two line panels and a strip of simulated calls, blitted.
+
+    The axes, ticks and legends are drawn once per pair of y limits into a cached background (limits snap to
+    :data:`TOKENS_LIMITS` and :data:`SPEED_LIMITS`, so a handful of backgrounds serve every slider position); a
+    move restores it and draws only the lines, the markers and the strip (one image, not 156 patches).
+    """
 
     def __init__(self, width_in: float = 9.0, height_in: float = 4.6, dpi: int = 72):
-        from matplotlib.patches import Rectangle
+        import numpy as np
+        from matplotlib.colors import ListedColormap
 
         from labkit.explorers.canvas import FigureCanvas
 
@@ -105,52 +124,75 @@ class SpeculativePlot:
         self.speed_axes = self.canvas.figure.add_subplot(grid[0, 1])
         self.strip_axes = self.canvas.figure.add_subplot(grid[1, :])
         xs = list(range(MAX_GAMMA + 1))
-        (self.paper_line,) = self.tokens_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="paper")
-        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="seed: αγ + 1")
-        (self.tokens_marker,) = self.tokens_axes.plot([0], [0], "o", ms=8, mfc="none", color="black")
+        # Animated artists are left out of the background and drawn by hand on every move.
+        (self.paper_line,) = self.tokens_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="paper",
+                                                   animated=True)
+        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="seed: αγ + 1", animated=True)
+        (self.tokens_marker,) = self.tokens_axes.plot([0], [0], "o", ms=8, mfc="none", color="black", animated=True)
         self.tokens_axes.set(xlabel="γ (drafts per call)", ylabel="tokens per target call")
         self.tokens_axes.legend(fontsize=8, loc="upper left")
-        (self.speed_line,) = self.speed_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="improvement")
-        (self.best_marker,) = self.speed_axes.plot([0], [0], "*", ms=14, color="#bf8700", label="optimum")
-        (self.speed_marker,) = self.speed_axes.plot([0], [0], "o", ms=8, mfc="none", color="black")
-        (self.measured,) = self.speed_axes.plot([], [], "s", color="#8250df", label="measured runs")
+        (self.speed_line,) = self.speed_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="improvement",
+                                                  animated=True)
+        (self.best_marker,) = self.speed_axes.plot([0], [0], "*", ms=14, color="#bf8700", label="optimum",
+                                                   animated=True)
+        (self.speed_marker,) = self.speed_axes.plot([0], [0], "o", ms=8, mfc="none", color="black", animated=True)
+        (self.measured,) = self.speed_axes.plot([], [], "s", color="#8250df", label="measured runs", animated=True)
         self.speed_axes.axhline(1.0, color="#888888", lw=0.8)
         self.speed_axes.set(xlabel="γ", ylabel="walltime improvement (×)")
         self.speed_axes.legend(fontsize=8, loc="lower right")
-        self.cells = [[Rectangle((col, row), 0.9, 0.8, color="white") for col in range(MAX_GAMMA + 1)]
-                      for row in range(STRIP_CALLS)]
-        for row in self.cells:
-            for cell in row:
-                self.strip_axes.add_patch(cell)
+        self.kinds = ("empty", *COLOURS)  # the strip's cell kinds, as indices into one colour map
+        self.strip = self.strip_axes.imshow(np.zeros((STRIP_CALLS, MAX_GAMMA + 1)), vmin=0,
+                                            vmax=len(self.kinds) - 1, cmap=ListedColormap(["white", *COLOURS.values()]),
+                                            interpolation="nearest", aspect="auto", animated=True,
+                                            extent=(0, MAX_GAMMA + 1, STRIP_CALLS, 0))
         self.strip_axes.set(xlim=(0, MAX_GAMMA + 1), ylim=(STRIP_CALLS, 0), xticks=[], yticks=[],
                             title="simulated calls: accepted · rejected · not examined · correction · bonus")
         self.strip_axes.title.set_fontsize(9)
-        self.laid_out = False
+        self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
+        self.canvas.figure.set_layout_engine("none")
+        self._backgrounds: dict[tuple[float, float], object] = {}
+
+    def redraw(self, limits: tuple[float, float]) -> None:
+        """Restore the background for these y limits (drawing it the first time), draw the animated artists."""
+        agg = self.canvas.agg
+        self.tokens_axes.set_ylim(0, limits[0])
+        self.speed_axes.set_ylim(0, limits[1])
+        if limits not in self._backgrounds:
+            agg.draw()
+            self._backgrounds[limits] = agg.copy_from_bbox(self.canvas.figure.bbox)
+        agg.restore_region(self._backgrounds[limits])
+        for line in (self.paper_line, self.seed_line, self.tokens_marker):
+            self.tokens_axes.draw_artist(line)
+        for line in (self.speed_line, self.best_marker, self.speed_marker, self.measured):
+            self.speed_axes.draw_artist(line)
+        self.strip_axes.draw_artist(self.strip)
+        self.canvas.image.value = self.canvas.png_as_drawn()
 
 
 def render(plot: SpeculativePlot, view: SpeculativeView,
            measured: Sequence[tuple[int, float]] = ()) -> None:
     """Update every artist from ``view`` (and measured (gamma, speedup) points), then re-encode the image."""
+    import numpy as np
+
     g = view.gamma
     plot.paper_line.set_ydata(view.tokens_per_call)
     plot.seed_line.set_ydata(view.seed_tokens_per_call)
     plot.tokens_marker.set_data([g], [view.tokens_per_call[g]])
-    plot.tokens_axes.set_ylim(0, max(view.seed_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05 + 0.5)
     plot.speed_line.set_ydata(view.improvement)
     plot.best_marker.set_data([view.best_gamma], [view.improvement[view.best_gamma]])
     plot.speed_marker.set_data([g], [view.improvement[g]])
     plot.measured.set_data([m[0] for m in measured], [m[1] for m in measured])
-    top = max([*view.improvement, *(m[1] for m in measured)])
-    plot.speed_axes.set_ylim(0, max(1.2, top * 1.1))
-    for row, cells in zip(plot.cells, view.strip + ((),) * (STRIP_CALLS - len(view.strip))):
-        for col, cell in enumerate(row):
-            cell.set_color(COLOURS[cells[col]] if col < len(cells) else "white")
-    if not plot.laid_out:  # constrained layout once; later draws keep it (it costs more than the drawing)
-        plot.canvas.agg.draw()
-        plot.canvas.figure.set_layout_engine("none")
-        plot.laid_out = True
-    plot.canvas.agg.draw()
-    plot.canvas.image.value = plot.canvas.png_as_drawn()
+    cells = np.zeros((STRIP_CALLS, MAX_GAMMA + 1))
+    for row, kinds in enumerate(view.strip):
+        cells[row, :len(kinds)] = [plot.kinds.index(kind) for kind in kinds]
+    # Each cell as a 5 x 5 block whose last row and column stay white: a gap between cells, as in a table.
+    blocks = np.repeat(np.repeat(cells, 5, axis=0), 5, axis=1)
+    blocks[4::5, :] = 0
+    blocks[:, 4::5] = 0
+    plot.strip.set_data(blocks)
+    tokens_top = max(view.seed_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05
+    speed_top = max([*view.improvement, *(m[1] for m in measured)]) * 1.1
+    plot.redraw((snapped_limit(tokens_top, TOKENS_LIMITS), snapped_limit(speed_top, SPEED_LIMITS)))
 
 
 class SpeculativeExplorer(Explorer):
