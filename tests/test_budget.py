@@ -46,6 +46,28 @@ def test_seed_claim_int4_70b_fits_one_a100_needs_the_80gb_card():
     assert max_seq_len(spec, gpu_preset("A100-80GB"), batch_size=1, **options) > 32_768
 
 
+def test_the_40gb_verdict_comes_from_the_reserve():
+    # 36.38 GB of INT4 weights with scales: above the 36 GB a 10% reserve leaves, below the card's 40 GB.
+    spec, options = model_preset("Llama-3.3-70B"), dict(weight_fmt="int4", group_size=128, kv_dtype="bf16")
+    a100 = gpu_preset("A100-40GB")
+    assert 36 * GB < budget(spec, a100, 1, 1, **options).weights_bytes < 40 * GB
+    assert max_seq_len(spec, a100, batch_size=1, workspace_fraction=0.05, **options) == 3269
+    assert max_seq_len(spec, a100, batch_size=1, workspace_fraction=0, **options) == 7304
+
+
+def test_seed_lab_experiment_fits_with_chunked_prefill_only():
+    # Seed 000's Llama-3-70B, batch 16 x 16,384 tokens, FP16 KV cache, per H100: one 262,144-token prefill
+    # needs 41 GiB of activations on one GPU; chunks of 8,192 tokens turn two verdicts around.
+    spec, h100 = model_preset("Llama-3.3-70B"), gpu_preset("H100-SXM")
+    for weight_fmt, group_size, tp in [("fp16", None, 4), ("int4", 128, 2)]:
+        options = dict(weight_fmt=weight_fmt, group_size=group_size, kv_dtype="fp16", tp=tp)
+        one_pass = budget(spec, h100, 16, 16_384, **options)
+        chunked = budget(spec, h100, 16, 16_384, prefill_chunk_tokens=8192, **options)
+        assert not one_pass.fits and chunked.fits
+        assert chunked.activations_bytes == activations_bytes(spec, 1, 8192, tp=tp) + 15 * spec.vocab // tp * 4
+    assert round(budget(spec, h100, 16, 16_384, kv_dtype="fp16").activations_gib) == 41
+
+
 def test_tensor_parallel_budget_is_per_gpu():
     spec, h100 = model_preset("Llama-3.3-70B"), gpu_preset("H100-SXM")
     assert not budget(spec, h100, 1, 4096).fits  # 141 GB of BF16 weights on one 80 GB GPU
@@ -105,6 +127,23 @@ def test_activation_estimate_grows_linearly_with_tokens_beyond_the_logits(batch_
     assert activations_bytes(spec, batch_size, seq_len, layout=layout) == batch_size * seq_len * one + logits
 
 
+def test_chunked_prefill_caps_the_tokens_in_flight_by_hand():
+    # 4 of the 2 x 3 tokens in flight x 64 B, plus 2 sequences' FP32 logits of 40 B
+    assert activations_bytes(TOY, 2, 3, prefill_chunk_tokens=4) == 4 * 64 + 2 * 40
+    assert activations_bytes(TOY, 2, 3, prefill_chunk_tokens=6) == activations_bytes(TOY, 2, 3)
+    assert activations_bytes(TOY, 2, 3, prefill_chunk_tokens=100) == activations_bytes(TOY, 2, 3)
+    assert activations_bytes(TOY, 2, 3, prefill_chunk_tokens=1) == 64 + 2 * 40
+
+
+@given(st.integers(0, 64), st.integers(0, 4096), st.integers(1, 10_000))
+def test_chunked_activations_never_exceed_one_pass_and_stop_growing_at_the_chunk(batch_size, seq_len, chunk):
+    chunked = activations_bytes(TOY, batch_size, seq_len, prefill_chunk_tokens=chunk)
+    assert chunked <= activations_bytes(TOY, batch_size, seq_len)
+    assert chunked == activations_bytes(TOY, batch_size, 0) + min(chunk, batch_size * seq_len) * 64
+    b = budget(TOY, GPUSpec("1 GB", GB), batch_size, seq_len, prefill_chunk_tokens=chunk)
+    assert b.activations_bytes == chunked
+
+
 @pytest.mark.parametrize("capacity,fraction,expected", [(80 * GB, 0.1, 8 * GB), (16 * GB, 0, 0),
                                                          (1000, 0.25, 250), (7, 0.5, 3)])
 def test_workspace_is_a_stated_fraction_rounded_down(capacity, fraction, expected):
@@ -152,6 +191,10 @@ def test_pythia_budget_needs_its_own_layout_when_sharded():
     (lambda: kv_batch_capacity(TOY, -1, 8), ValueError, r"kv_budget_bytes must be an int >= 0, got -1"),
     (lambda: kv_batch_capacity(TOY, 10, 0), ValueError, r"seq_len must be an int >= 1, got 0"),
     (lambda: max_seq_len(TOY, GPUSpec("x", GB), batch_size=0), ValueError, r"batch_size must be an int >= 1"),
+    (lambda: activations_bytes(TOY, 1, 8, prefill_chunk_tokens=0), ValueError,
+     r"prefill_chunk_tokens must be an int >= 1, got 0"),
+    (lambda: budget(TOY, GPUSpec("x", GB), 1, 8, prefill_chunk_tokens=2.5), TypeError,
+     r"prefill_chunk_tokens must be an int >= 1, got 2.5"),
 ])
 def test_errors_name_argument_value_and_choices(call, error, match):
     with pytest.raises(error, match=match):

@@ -57,3 +57,32 @@ def test_empty_name_or_path_falls_back_to_model_type():
     config = {"_name_or_path": "", "model_type": "llama", "hidden_size": 8, "num_attention_heads": 2,
               "num_hidden_layers": 1, "vocab_size": 4}
     assert ModelSpec.from_config(config).name == "llama"
+
+
+def test_max_position_embeddings_is_optional_and_read_from_either_config_name():
+    assert ModelSpec("toy", 1, 8, 2, 1, 4, 10).max_position_embeddings is None
+    llama = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,
+             "max_position_embeddings": 2048}
+    assert ModelSpec.from_config(llama).max_position_embeddings == 2048
+    gpt2 = {"n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 100, "n_positions": 1024}
+    assert ModelSpec.from_config(gpt2).max_position_embeddings == 1024
+    assert ModelSpec.from_config({k: v for k, v in llama.items() if k != "max_position_embeddings"}
+                                 ).max_position_embeddings is None
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-1, ValueError), (2048.0, TypeError), ("2048", TypeError)])
+def test_max_position_embeddings_must_be_a_positive_int(value, error):
+    with pytest.raises(error, match="max_position_embeddings must be"):
+        ModelSpec("toy", 1, 8, 2, 1, 4, 10, max_position_embeddings=value)
+
+
+def test_presets_carry_the_context_limit_where_it_is_sourced():
+    from labkit.core.presets import model_preset, model_presets
+
+    # Pythia-14M: Lesson 4.1's "configured maximum sequence length of 2,048 positions"
+    assert model_preset("Pythia-14M").max_position_embeddings == 2048
+    assert model_preset("Llama-3.3-70B").max_position_embeddings == 131_072
+    assert model_preset("Qwen3-0.6B").max_position_embeddings == 40_960
+    assert model_preset("Falcon-7B").max_position_embeddings is None  # not sourced: left out, not guessed
+    assert all(spec.max_position_embeddings is None or spec.max_position_embeddings >= 2048
+               for spec in model_presets().values())

@@ -6,8 +6,12 @@ docstring states what it assumes), and answers the reverse questions: the larges
 longest context for a batch, per GPU under tp-way tensor parallelism. Sizes are int bytes; the ``*_gib``
 properties are binary GiB (2**30), the ``*_gb`` ones decimal GB (10**9), never mixed.
 
+Prefill is either one forward pass over every prompt (``prefill_chunk_tokens=None``, the default: the largest
+activation peak) or chunked, a capped number of tokens per forward step as serving engines run it.
+
 Left out: pipeline parallelism, CUDA graphs, the allocator's own rounding, and a model's context limit
-(max_seq_len answers for memory only).
+(max_seq_len answers for memory only; ``ModelSpec.max_position_embeddings`` holds the limit where a preset
+knows it).
 """
 
 from __future__ import annotations
@@ -22,27 +26,37 @@ from labkit.core.memory import (
 from labkit.core.spec import ModelSpec
 from labkit.core.validation import instance, integer, real
 
+
 def activations_bytes(spec: ModelSpec, batch_size: int, seq_len: int, act_fmt: str = "bf16", tp: int = 1,
-                      layout: BlockLayout = LLAMA) -> int:
+                      layout: BlockLayout = LLAMA, prefill_chunk_tokens: int | None = None) -> int:
     """First-order estimate of live activation bytes at the prefill peak on one of tp ranks.
 
-    Assumes the whole batch is prefilled in one forward pass, layers run one after another (one layer's
-    tensors alive at a time), and a fused attention kernel (FlashAttention) that never stores the
-    [seq_len, seq_len] scores. Per token alive: the residual stream and its normed copy (2 d_model), the
+    Tokens in flight: the whole batch (batch_size x seq_len) when prefill_chunk_tokens is None, i.e. one
+    forward pass over every prompt; with chunked prefill (vLLM's max_num_batched_tokens, SGLang's
+    chunked_prefill_size) a forward step holds at most prefill_chunk_tokens tokens, so the peak is
+    min(prefill_chunk_tokens, batch_size x seq_len) tokens. Assumes layers run one after another (one layer's
+    tensors alive at a time) and a fused attention kernel (FlashAttention) that never stores the
+    [seq_len, seq_len] scores. Per token in flight: the residual stream and its normed copy (2 d_model), the
     q/k/v projections, and the MLP hidden state (gate and up: 2 d_ff / tp), in act_fmt; plus FP32 logits of
-    the last position [batch, vocab / tp]. Autograd-free inference; chunked prefill would lower it.
+    each sequence's last position [batch, vocab / tp] (either way: a step can finish every sequence's prompt).
+    Autograd-free inference.
 
     >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
     >>> activations_bytes(spec, 1, 3)  # 3 tokens x (8 + 8 + 16) values x 2 B + 10 logits x 4 B
     232
+    >>> activations_bytes(spec, 2, 3, prefill_chunk_tokens=4)  # 4 of the 6 tokens x 64 B + 2 x 40 B of logits
+    336
     """
     kv_heads = check_shardable(spec, layout, tp)
     batch_size, seq_len = integer("batch_size", batch_size, min=0), integer("seq_len", seq_len, min=0)
+    in_flight = batch_size * seq_len
+    if prefill_chunk_tokens is not None:
+        in_flight = min(in_flight, integer("prefill_chunk_tokens", prefill_chunk_tokens, min=1))
     qkv = (spec.n_heads // tp + 2 * kv_heads) * spec.head_dim
     mlp_hidden = (2 if layout.gated_mlp else 1) * (spec.d_ff // tp)
     per_token = 2 * spec.d_model + qkv + mlp_hidden
     logits = batch_size * -(-spec.vocab // tp) * 4  # FP32: engines upcast logits before sampling
-    return -(-batch_size * seq_len * per_token * format_bits(act_fmt, "act_fmt") // 8) + logits
+    return -(-in_flight * per_token * format_bits(act_fmt, "act_fmt") // 8) + logits
 
 
 def workspace_bytes(capacity_bytes: int, fraction: float = 0.1) -> int:
@@ -117,8 +131,11 @@ class MemoryBudget:
 def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_fmt: str = "bf16",
            kv_dtype: str = "bf16", tp: int = 1, *, layout: BlockLayout = LLAMA, group_size: int | None = None,
            scale_bytes: int = 2, act_fmt: str = "bf16", workspace_fraction: float = 0.1,
-           other_bytes: int = 0) -> MemoryBudget:
+           other_bytes: int = 0, prefill_chunk_tokens: int | None = None) -> MemoryBudget:
     """Per-GPU memory for serving batch_size sequences of seq_len tokens with tp-way tensor parallelism.
+
+    prefill_chunk_tokens=None prefills every prompt in one forward pass (the largest activation peak); a
+    number caps the tokens of one forward step, as chunked prefill does (see activations_bytes).
 
     >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=1, head_dim=2, vocab=10, d_ff=8)
     >>> b = budget(spec, GPUSpec("1 KB", 1000), batch_size=1, seq_len=3, workspace_fraction=0)
@@ -130,7 +147,7 @@ def budget(spec: ModelSpec, gpu: GPUSpec, batch_size: int, seq_len: int, weight_
     return MemoryBudget(
         weights_bytes=weights_bytes(spec, weight_fmt, group_size, scale_bytes, tp=tp, layout=layout),
         kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, kv_dtype, tp),
-        activations_bytes=activations_bytes(spec, batch_size, seq_len, act_fmt, tp, layout),
+        activations_bytes=activations_bytes(spec, batch_size, seq_len, act_fmt, tp, layout, prefill_chunk_tokens),
         workspace_bytes=workspace_bytes(gpu.memory_bytes, workspace_fraction),
         capacity_bytes=gpu.memory_bytes,
         other_bytes=integer("other_bytes", other_bytes, min=0),

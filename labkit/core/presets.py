@@ -17,6 +17,7 @@ from labkit.core.spec import ModelSpec
 
 _SPEC_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_params", "d_ff",
                 "tied_embeddings")
+_OPTIONAL_FIELDS = ("max_position_embeddings",)  # left out of an entry whose config value we could not source
 _MEMORY_UNITS = {"GB": GB, "GiB": GIB}
 
 
@@ -38,11 +39,12 @@ def model_preset(name: str) -> ModelSpec:
     """A real model's ModelSpec by preset name (see model_presets()).
 
     >>> spec = model_preset("Llama-3.3-70B")
-    >>> spec.n_layers, spec.n_kv_heads, spec.head_dim
-    (80, 8, 128)
+    >>> spec.n_layers, spec.n_kv_heads, spec.head_dim, spec.max_position_embeddings
+    (80, 8, 128, 131072)
     """
     key, entry = _entry(_load("model_presets.json")["models"], name, "name")
-    return ModelSpec(name=key, **{field: entry[field] for field in _SPEC_FIELDS})
+    optional = {field: entry[field] for field in _OPTIONAL_FIELDS if field in entry}
+    return ModelSpec(name=key, **{field: entry[field] for field in _SPEC_FIELDS}, **optional)
 
 
 def model_presets() -> dict[str, ModelSpec]:

@@ -38,10 +38,13 @@ class ModelSpec:
     n_params: int | None = None  # exact count when known (from a loaded model or the publisher)
     d_ff: int | None = None  # width of the feed-forward hidden layer, when known
     tied_embeddings: bool = False  # input embedding and output head share one matrix
+    max_position_embeddings: int | None = None  # the configured context limit in tokens, when known
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab"):
             integer(field, getattr(self, field), min=1)
+        if self.max_position_embeddings is not None:
+            integer("max_position_embeddings", self.max_position_embeddings, min=1)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
@@ -58,6 +61,7 @@ class ModelSpec:
         """Read a spec from a transformers config (or a plain dict with the same keys).
 
         Handles the field names of Llama/Mistral/Qwen (``num_hidden_layers``...), GPT-NeoX and Falcon.
+        The context limit is ``max_position_embeddings`` (GPT-2's ``n_positions``), None when the config has none.
         """
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
 
@@ -91,6 +95,7 @@ class ModelSpec:
             n_params=n_params,
             d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
+            max_position_embeddings=first("max_position_embeddings", "n_positions"),
         )
 
 
