@@ -4,12 +4,20 @@ import dataclasses
 
 import pytest
 
-from labkit.core.budget import kv_batch_capacity
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from labkit.core.budget import budget, kv_batch_capacity, max_batch_size
 from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
-from labkit.exercises.lab04 import EIGHT_B_LIKE, reference_kv_cache_gib, reference_largest_batch
+from labkit.exercises.lab04 import (
+    ACT_8B, EIGHT_B_LIKE, LLAMA_8B, LLAMA_8B_BF16, TINY_FREE, fewest_h100s_fp16_chunked, gqa_multiplier,
+    largest_batch_budget, qwen3_full_context_kv_gib, reference_kv_cache_gib, reference_largest_batch,
+    seed_formula_experiment_gib,
+)
 from labkit.core.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes as labkit_kv_cache_bytes, to_gib
-from labkit.core.presets import model_preset
+from labkit.core.presets import gpu_preset, model_preset
 from zoo import assert_zoo
 
 KV = get("04.kv_cache_gib")
@@ -109,54 +117,138 @@ def test_kv_reference_gives_the_chapter_figures():
     assert reference_kv_cache_gib(llama, 1, 32_768, 2) == 10.0
 
 
-# ----- exercise 4.2: largest_batch -----
+# ----- exercise 4.2: largest_batch with chunked prefill -----
 
-def batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * 10**9 - weights_bytes
+def batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+                   activation_bytes_per_token, reserve_fraction):
+    capacity = gpu_memory_gb * 10**9
+    free = capacity - int(capacity * reserve_fraction) - weights_bytes
+    per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
+
+    def fits(n):
+        return n * per_sequence + min(chunk_tokens, n * seq_len) * activation_bytes_per_token <= free
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2  # fits(low), and a batch that does not fit is searched for by doubling
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def closed_form_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+                         activation_bytes_per_token, reserve_fraction):
+    free = gpu_memory_gb * 10**9 * (1 - reserve_fraction) - weights_bytes
+    per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
+    if free < per_sequence + min(chunk_tokens, seq_len) * activation_bytes_per_token:
+        return 0
+    full = (free - chunk_tokens * activation_bytes_per_token) // per_sequence  # a whole chunk in flight
+    if full * seq_len >= chunk_tokens:
+        return int(full)
+    return int(min(chunk_tokens // seq_len, free // (per_sequence + seq_len * activation_bytes_per_token)))
+
+
+def one_pass(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, 10**12, activation, reserve)
+
+
+def full_chunk_always(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes - chunk_tokens * activation
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
     return max(0, int(free // per_sequence))
 
 
-def gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    return batch_solution(spec, gpu_memory_gb * 2**30 / 10**9, seq_len, weights_bytes, bytes_per_value)
-
-
-def ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    return batch_solution(spec, gpu_memory_gb, seq_len, 0, bytes_per_value)
-
-
-def rounds_up(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * 10**9 - weights_bytes
+def chunk_per_sequence(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                       reserve):
+    in_flight = min(chunk_tokens, seq_len)  # as if each sequence had its own chunk
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
-    return max(0, round(free / per_sequence))
+    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes
+    return max(0, int(free // (per_sequence + in_flight * activation)))
 
 
-def goes_negative(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * 10**9 - weights_bytes
-    return int(free // (2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value))
+def d_model_width(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    wide = dataclasses.replace(spec, n_kv_heads=1, head_dim=spec.d_model)  # the seed's 2 x L x d_model per token
+    return batch_solution(wide, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                          reserve)
 
 
-def query_heads(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * 10**9 - weights_bytes
-    return max(0, int(free // (2 * seq_len * spec.n_layers * spec.n_heads * spec.head_dim * bytes_per_value)))
+def no_activations(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, 0, reserve)
 
 
-def calls_capacity(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    return kv_batch_capacity(spec, max(0, gpu_memory_gb * GB - weights_bytes), seq_len, "bf16")
+def no_reserve(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, 0.0)
 
+
+def reserve_of_what_is_left(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                            reserve):
+    left = gpu_memory_gb * 10**9 - weights_bytes
+    used = weights_bytes + int(left * reserve)  # the reserve taken from what the weights leave
+    return batch_solution(spec, gpu_memory_gb, seq_len, used, bytes_per_value, chunk_tokens, activation, 0.0)
+
+
+def gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    extra = round(gpu_memory_gb * (2**30 - 10**9) * (1 - reserve))  # as if the card had GiB
+    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes - extra, bytes_per_value, chunk_tokens,
+                          activation, reserve)
+
+
+def ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_gb, seq_len, 0, bytes_per_value, chunk_tokens, activation, reserve)
+
+
+def query_heads(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    as_if_mha = dataclasses.replace(spec, n_kv_heads=spec.n_heads)
+    return batch_solution(as_if_mha, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                          reserve)
+
+
+def counts_one_too_many(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                        reserve):
+    answer = batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                            reserve)
+    return answer + 1 if answer else 0
+
+
+def goes_negative(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes
+    if free >= 0:
+        return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                              reserve)
+    return int((free - chunk_tokens * activation) // (2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim
+                                                      * bytes_per_value))
+
+
+def calls_max_batch_size(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                         reserve):
+    return max_batch_size(spec, H100, seq_len, prefill_chunk_tokens=chunk_tokens)
+
+
+H100 = gpu_preset("H100-SXM")
 
 BATCH_ZOO = {
+    one_pass: "neither n x seq_len tokens",
+    chunk_per_sequence: "nor a chunk per sequence",
+    d_model_width: "not d_model",
+    full_chunk_always: "not always a full chunk",
+    no_activations: "the activations of a chunk take memory too",
+    no_reserve: "keep the reserve",
+    reserve_of_what_is_left: "a fraction of the whole GPU",
     gib_memory: "GB is 10**9 bytes",
     ignores_weights: "subtract weights_bytes",
-    rounds_up: "round DOWN",
-    goes_negative: "not a negative batch",
     query_heads: "use spec.n_kv_heads",
-    calls_capacity: "calls labkit's own `labkit.core.budget.kv_batch_capacity`",
+    counts_one_too_many: "one sequence too many",
+    goes_negative: "not a negative batch",
+    calls_max_batch_size: "calls labkit's own `labkit.core.budget.max_batch_size`",
 }
 
 
-def test_batch_solution_passes():
-    assert check_function(BATCH, batch_solution).status == "passed"
+def test_batch_solutions_pass():
+    for solution in (batch_solution, closed_form_solution):
+        assert check_function(BATCH, solution).status == "passed", check_function(BATCH, solution, seed=0)
 
 
 @pytest.mark.parametrize("wrong,pointer", BATCH_ZOO.items(), ids=[f.__name__ for f in BATCH_ZOO])
@@ -165,13 +257,62 @@ def test_every_batch_bug_fails_with_a_pointed_hint(wrong, pointer):
 
 
 def test_batch_reference_on_hand_figures():
-    llama = model_preset("Llama-3-8B")
-    # (80e9 - 16,060,522,496) // (2 x 4096 x 32 x 8 x 128 x 2 = 536,870,912) = 119
-    assert reference_largest_batch(llama, 80, 4096, 2 * llama.n_params, 2) == 119
-    assert reference_largest_batch(EIGHT_B_LIKE, 16, 4096, 16 * GB - 8 * GIB, 2) == 16
-    assert reference_largest_batch(llama, 16, 1, 2 * llama.n_params, 2) == 0
+    llama = LLAMA_8B
+    assert ACT_8B == 2 * (2 * 4096 + (32 + 2 * 8) * 128 + 2 * 14_336)  # labkit's estimate, BF16
+    # (80e9 - 8e9 - 16,060,522,496 - 8,192 x 86,016) // (2 x 16,384 x 32 x 8 x 128 x 2 = 2 GiB) = 25
+    assert reference_largest_batch(llama, 80, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 25
+    # a one-pass prefill of the whole batch allows 15; the KV cache alone 26
+    free = 80 * GB - 8 * GB - LLAMA_8B_BF16
+    assert free // (2 * GIB + 16_384 * ACT_8B) == 15 and free // (2 * GIB) == 26
+    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 8800, 2, 40, 100, 0.0) == 10
+    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 8799, 2, 40, 100, 0.0) == 9
+    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 5920, 2, 400, 100, 0.0) == 4
+    assert reference_largest_batch(llama, 16, 1, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 0
 
 
-def test_lab04_registers_two_exercises():
-    assert [ex.id for ex in exercises("04")] == ["04.kv_cache_gib", "04.largest_batch"]
-    assert all(ex.points == 2 for ex in exercises("04"))
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_batch_reference_is_the_last_batch_whose_budget_fits(seed):
+    case = BATCH.random_case(torch.Generator().manual_seed(seed))
+    answer = reference_largest_batch(*case.args)  # asserts its own boundary too
+    assert answer == batch_solution(*case.args)
+    if answer:
+        assert largest_batch_budget(*case.args, batch_size=answer).fits
+    assert not largest_batch_budget(*case.args, batch_size=answer + 1).fits
+
+
+def test_the_exercise_budget_is_labkits_chunked_budget():
+    # With labkit's own activation estimate, the exercise's budget is budget(...) minus the FP32 logits.
+    spec, h100 = LLAMA_8B, gpu_preset("H100-SXM")
+    ours = largest_batch_budget(spec, 80, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1, batch_size=20)
+    core = budget(spec, h100, 20, 4096, kv_dtype="bf16", prefill_chunk_tokens=8192)
+    assert ours.total_bytes == core.total_bytes - 20 * spec.vocab * 4
+
+
+# ----- the predictions -----
+
+def test_prediction_answers():
+    assert qwen3_full_context_kv_gib() == 4.375  # 2 x 28 x 8 x 128 x 2 B x 40,960 tokens
+    assert gqa_multiplier() == 0.25
+    assert seed_formula_experiment_gib() == 640.0  # 8 x the truth, 80 GiB
+    assert fewest_h100s_fp16_chunked() == 4
+
+
+@pytest.mark.parametrize("exercise_id,right,wrong", [
+    ("04.predict_qwen3_kv_gib", 4.4, 2.1875),  # 2.1875: head_dim taken as d_model / n_heads = 64
+    ("04.predict_gqa_multiplier", 0.25, 4),
+    ("04.seed_formula_gib", 640, 80.0),
+    ("04.predict_h100_count", 4, 8),
+])
+def test_predictions_pass_near_the_truth_and_fail_on_the_traps(exercise_id, right, wrong):
+    exercise = get(exercise_id)
+    assert exercise.n_random == 0 and exercise.allowed_text.startswith("No labkit function")
+    assert check_function(exercise, lambda: right).status == "passed"
+    assert check_function(exercise, lambda: wrong).status == "failed"
+
+
+def test_lab04_registers_its_exercises_and_predictions():
+    assert [ex.id for ex in exercises("04")] == [
+        "04.kv_cache_gib", "04.largest_batch", "04.predict_qwen3_kv_gib", "04.predict_gqa_multiplier",
+        "04.seed_formula_gib", "04.predict_h100_count"]
+    assert [ex.points for ex in exercises("04")] == [2, 3, 1, 1, 1, 1]

@@ -482,3 +482,26 @@ def _diagnose(exercise: Exercise, case: Case, got: Any) -> str | None:
 
 def _first_line(hints: tuple[str, ...]) -> str | None:
     return hints[0] if hints else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A prediction: asked before the notebook computes the answer
+
+
+def _no_random_case(generator: torch.Generator) -> Case:
+    return Case(())
+
+
+def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
+               rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> Exercise:
+    """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a guess, compared
+    once with ``answer()`` (labkit computing the truth) within rtol/atol. Nothing varies, so no random cases.
+
+    >>> guess = prediction("zz.guess", "Predict: 2 + 2", "predicted_sum", lambda: 4.0, asked="2 + 2", hint="add",
+    ...                    atol=0.5)
+    >>> guess.n_random, guess.hand_cases[0].label, guess.hints
+    (0, '2 + 2', ('add',))
+    """
+    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+                    rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
+                    hints=(hint,))

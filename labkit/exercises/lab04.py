@@ -1,21 +1,25 @@
-"""Lab 04's exercises: the KV-cache size of eq. 8.3 in GiB, and the largest batch that fits a GPU.
+"""Lab 04's exercises: the KV-cache size of eq. 8.3 in GiB, the largest batch a GPU serves with chunked prefill,
+and the predictions the lab asks for before it computes their answers.
 
-Both take a labkit.core.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not n_heads) and
-head_dim (not d_model // n_heads). The mistakes below are the ones the seed course itself makes.
+Both exercises take a labkit.core.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not n_heads)
+and head_dim (not d_model // n_heads). The largest batch adds judgement: which parts of the memory grow with the
+batch (the KV cache), which stop growing (the activations of a chunked prefill, once a chunk is full), and which
+do not (weights, the reserve). The mistakes below are the ones the seed course itself makes, and learners' own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from labkit.core.course import CHAPTER_8B
-from labkit.core.budget import kv_batch_capacity
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.exercises import register
-from labkit.core.memory import GB, GIB, kv_cache_bytes, to_gb, to_gib
-from labkit.core.presets import model_preset
+from labkit.core.memory import GB, GIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
+from labkit.core.presets import gpu_preset, model_preset
 from labkit.core.spec import ModelSpec
 
 # What the learner may use: the spec's fields and properties, and the unit conversions (GB, GIB are constants).
@@ -41,11 +45,44 @@ def reference_kv_cache_gib(spec: ModelSpec, batch_size: int, seq_len: int, bytes
     return to_gib(kv_cache_bytes(spec, batch_size, seq_len, _kv_format(bytes_per_value)))
 
 
-def reference_largest_batch(spec: ModelSpec, gpu_memory_gb: float, seq_len: int, weights_bytes: int,
-                            bytes_per_value: float) -> int:
-    """labkit's answer: sequences whose KV cache fits in a datasheet's decimal GB after the weights (0 if none)."""
-    free = round(gpu_memory_gb * GB) - weights_bytes
-    return kv_batch_capacity(spec, max(free, 0), seq_len, _kv_format(bytes_per_value))
+def largest_batch_budget(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weights_bytes: int,
+                         bytes_per_value: float, chunk_tokens: int, activation_bytes_per_token: int,
+                         reserve_fraction: float, batch_size: int) -> MemoryBudget:
+    """The GPU's memory at batch_size, part by part: what exercise 4.2 asks to fit.
+
+    The activations of a chunked prefill: at most chunk_tokens tokens are in flight in one forward step, fewer
+    when the whole batch holds fewer (labkit.core.budget.activations_bytes's rule, per token given here).
+    """
+    capacity = gpu_memory_gb * GB
+    in_flight = min(chunk_tokens, batch_size * seq_len)
+    return MemoryBudget(weights_bytes=weights_bytes,
+                        kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, _kv_format(bytes_per_value)),
+                        activations_bytes=in_flight * activation_bytes_per_token,
+                        workspace_bytes=workspace_bytes(capacity, reserve_fraction), capacity_bytes=capacity)
+
+
+def reference_largest_batch(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weights_bytes: int,
+                            bytes_per_value: float, chunk_tokens: int, activation_bytes_per_token: int,
+                            reserve_fraction: float) -> int:
+    """labkit's answer: the most sequences whose budget (largest_batch_budget) fits; 0 if not even one.
+
+    The total grows with the batch, so the answer is the last batch that fits: the KV cache grows by one
+    sequence's bytes per sequence, the activations by seq_len tokens' until the chunk is full, then not at all.
+    """
+    args = (spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation_bytes_per_token,
+            reserve_fraction)
+    empty = largest_batch_budget(*args, batch_size=0)
+    free = empty.headroom_bytes  # capacity - reserve - weights
+    if free < 0:
+        return 0
+    per_sequence = kv_cache_bytes(spec, 1, seq_len, _kv_format(bytes_per_value))
+    # batches whose tokens fit in one chunk: each sequence brings its cache and seq_len tokens of activations
+    within_chunk = min(chunk_tokens // seq_len, free // (per_sequence + seq_len * activation_bytes_per_token))
+    # larger batches: a full chunk of activations, then only the cache grows
+    beyond_chunk = (free - chunk_tokens * activation_bytes_per_token) // per_sequence
+    best = beyond_chunk if beyond_chunk > chunk_tokens // seq_len else within_chunk
+    assert largest_batch_budget(*args, batch_size=best).fits and not largest_batch_budget(*args, best + 1).fits
+    return int(best)
 
 
 def _random_spec(generator: torch.Generator) -> ModelSpec:
@@ -69,12 +106,17 @@ def _random_kv_case(generator: torch.Generator) -> Case:
 
 
 def _random_batch_case(generator: torch.Generator) -> Case:
+    def pick(options: list) -> Any:
+        return options[int(torch.randint(0, len(options), (1,), generator=generator))]
+
     spec = _random_spec(generator)
-    gpu_memory_gb = [16, 24, 40, 48, 80, 141][int(torch.randint(0, 6, (1,), generator=generator))]
+    gpu_memory_gb = pick([16, 24, 40, 48, 80, 141])
     weights = int(torch.randint(0, gpu_memory_gb * 10**9 * 6 // 5, (1,), generator=generator))  # sometimes too big
-    seq_len = int(torch.randint(1, 32_769, (1,), generator=generator))
-    bytes_per_value = list(_FORMAT)[int(torch.randint(0, 4, (1,), generator=generator))]
-    return Case((spec, gpu_memory_gb, seq_len, weights, bytes_per_value), label="a random model on a random GPU")
+    # short contexts too: a chunk then holds several whole sequences
+    seq_len = int(torch.randint(1, 32_769, (1,), generator=generator)) // pick([1, 64])
+    activation_per_token = 2 * int(torch.randint(1_000, 200_001, (1,), generator=generator))
+    return Case((spec, gpu_memory_gb, max(seq_len, 1), weights, pick(list(_FORMAT)), pick([512, 2048, 8192, 16_384]),
+                 activation_per_token, pick([0.0, 0.05, 0.1, 0.25])), label="a random model on a random GPU")
 
 
 # ----- deliberately wrong versions of exercise 4.1 (matched on a failing case to give a pointed hint) -----
@@ -145,63 +187,229 @@ KV_CACHE = register(Exercise(
 
 
 # ----- deliberately wrong versions of exercise 4.2 -----
+# Each changes one judgement of the reference; the answer is then the last batch its own total lets fit.
 
-def _per_sequence_bytes(spec, seq_len, bytes_per_value, kv_heads=None):
-    return 2 * seq_len * spec.n_layers * (kv_heads or spec.n_kv_heads) * spec.head_dim * bytes_per_value
-
-
-def _gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * GIB - weights_bytes
-    return max(0, int(free // _per_sequence_bytes(spec, seq_len, bytes_per_value)))
-
-
-def _ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    return int(gpu_memory_gb * GB // _per_sequence_bytes(spec, seq_len, bytes_per_value))
-
-
-def _rounds_to_nearest(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * GB - weights_bytes
-    return max(0, round(free / _per_sequence_bytes(spec, seq_len, bytes_per_value)))
+def _wrong_largest(total, free_bytes) -> int:
+    """The last batch whose total(batch) <= free_bytes, for a total that grows with the batch (0 if none)."""
+    if total(1) > free_bytes:
+        return 0
+    low, high = 1, 2
+    while total(high) <= free_bytes:
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if total(middle) <= free_bytes else (low, middle)
+    return low
 
 
-def _negative_when_too_big(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * GB - weights_bytes
-    return int(free // _per_sequence_bytes(spec, seq_len, bytes_per_value))
+def _kv(spec, seq_len, bytes_per_value, kv_heads=None, width=None):
+    return 2 * seq_len * spec.n_layers * (width or (kv_heads or spec.n_kv_heads) * spec.head_dim) * bytes_per_value
 
 
-def _query_heads_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value):
-    free = gpu_memory_gb * GB - weights_bytes
-    return max(0, int(free // _per_sequence_bytes(spec, seq_len, bytes_per_value, spec.n_heads)))
+def _free(gpu_memory_gb, weights_bytes, reserve_fraction, unit=GB):
+    return gpu_memory_gb * unit - weights_bytes - int(gpu_memory_gb * unit * reserve_fraction)
+
+
+def _one_pass(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(lambda n: n * (_kv(spec, seq_len, bytes_per_value) + seq_len * activation),
+                          _free(gpu_memory_gb, weights_bytes, reserve))
+
+
+def _full_chunk_always(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(lambda n: n * _kv(spec, seq_len, bytes_per_value) + chunk_tokens * activation,
+                          _free(gpu_memory_gb, weights_bytes, reserve))
+
+
+def _right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, **kv_options):
+    return lambda n: n * _kv(spec, seq_len, bytes_per_value, **kv_options) + min(chunk_tokens, n * seq_len) * activation
+
+
+def _no_activations(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(lambda n: n * _kv(spec, seq_len, bytes_per_value),
+                          _free(gpu_memory_gb, weights_bytes, reserve))
+
+
+def _reserve_of_what_is_left(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                             reserve):
+    left = gpu_memory_gb * GB - weights_bytes
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
+                          left - int(left * reserve))
+
+
+def _no_reserve(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
+                          _free(gpu_memory_gb, weights_bytes, 0.0))
+
+
+def _gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
+                          _free(gpu_memory_gb, weights_bytes, reserve, unit=GIB))
+
+
+def _ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
+                          _free(gpu_memory_gb, 0, reserve))
+
+
+def _query_heads_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                       reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, kv_heads=spec.n_heads),
+                          _free(gpu_memory_gb, weights_bytes, reserve))
+
+
+def _d_model_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, width=spec.d_model),
+                          _free(gpu_memory_gb, weights_bytes, reserve))
+
+
+def _one_too_many(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    answer = reference_largest_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+                                     activation, reserve)
+    return answer + 1 if answer else 0  # e.g. rounding the division up, or `while total <= free: n += 1` returning n
+
+
+def _negative_when_too_big(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                           reserve):
+    free = _free(gpu_memory_gb, weights_bytes, reserve)
+    if free >= 0:
+        return reference_largest_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+                                       activation, reserve)
+    return int((free - chunk_tokens * activation) // _kv(spec, seq_len, bytes_per_value))
 
 
 LLAMA_8B = model_preset("Llama-3-8B")
-LLAMA_8B_BF16 = 2 * LLAMA_8B.n_params  # 16,060,522,496 bytes
+LLAMA_8B_BF16 = weights_bytes(LLAMA_8B, "bf16")  # 16,060,522,496 bytes
+LLAMA_70B = model_preset("Llama-3.3-70B")
+LLAMA_70B_INT4 = weights_bytes(LLAMA_70B, "int4", group_size=128)  # 36,379,254,912 bytes with 2-byte scales
+
+
+def activation_bytes_per_token(spec: ModelSpec) -> int:
+    """labkit's per-token activation estimate in BF16 (labkit.core.budget.activations_bytes without the logits)."""
+    return activations_bytes(spec, 1, 1) - activations_bytes(spec, 1, 0)
+
+
+ACT_8B, ACT_70B = activation_bytes_per_token(LLAMA_8B), activation_bytes_per_token(LLAMA_70B)  # 86,016 and 167,936 B
+# A toy whose free memory is set by the weights: 3 layers x 1 KV head x 4 x 2 (K, V) x 2 B = 48 B per token
+TINY_FREE = ModelSpec("toy: 48 B of cache per token", n_layers=3, d_model=24, n_heads=4, n_kv_heads=1, head_dim=4,
+                      vocab=100)
 
 LARGEST_BATCH = register(Exercise(
     id="04.largest_batch",
-    title="The largest batch whose KV cache fits next to the weights",
+    title="The largest batch that fits with chunked prefill",
     function="largest_batch",
     reference=reference_largest_batch,
     allowed=_ALLOWED,
-    points=2,
+    points=3,
     rtol=0.0,
     atol=0.0,
     hand_cases=(
-        Case((LLAMA_8B, 80, 4096, LLAMA_8B_BF16, 2), label="Llama-3-8B in BF16 on an 80 GB card, 4,096 tokens: 119"),
-        Case((EIGHT_B_LIKE, 16, 4096, 16 * GB - 8 * GIB, 2),
-             label="weights leave exactly 8 GiB of a 16 GB card: exactly 16 sequences"),
-        Case((LLAMA_8B, 16, 8192, LLAMA_8B_BF16, 2), label="weights larger than the card: nothing fits, answer 0"),
-        Case((LLAMA_8B, 24, 8192, LLAMA_8B_BF16, 2), label="a 24 GB card: 7 sequences of 8,192 tokens"),
-        Case((model_preset("Falcon-7B"), 16, 2048, 4 * 10**9, 0.5), label="multi-query Falcon-7B, 4-bit cache"),
+        Case((TINY_FREE, 1, 10, 10**9 - 8800, 2, 40, 100, 0.0),
+             label="8,800 bytes free, 480 per sequence, chunks of 40 tokens of 100 B: exactly 10 sequences "
+                   "(10 x 480 + 40 x 100 = 8,800)"),
+        Case((TINY_FREE, 1, 10, 10**9 - 8799, 2, 40, 100, 0.0), label="one byte less: 9"),
+        Case((TINY_FREE, 1, 10, 10**9 - 5920, 2, 400, 100, 0.0),
+             label="5,920 bytes free and chunks of 400 tokens: 4 sequences of 10 tokens fill 40 of them, "
+                   "4 x (480 + 10 x 100) = 5,920"),
+        Case((TINY_FREE, 2, 10, 10**9 - 8800, 2, 40, 100, 0.5),
+             label="a 2 GB card with half reserved: the same 8,800 bytes free, 10"),
+        Case((LLAMA_8B, 80, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1),
+             label="Llama-3-8B in BF16 on an 80 GB H100, 16,384 tokens, chunks of 8,192, 10% reserve: 25 "
+                   "(a one-pass prefill of the whole batch would allow 15)"),
+        Case((LLAMA_8B, 80, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1), label="the same at 4,096 tokens: 102"),
+        Case((LLAMA_70B, 40, 4096, LLAMA_70B_INT4, 2, 8192, ACT_70B, 0.1),
+             label="Llama-3.3-70B in INT4 on a 40 GB A100 with a 10% reserve: the weights alone do not fit, 0"),
+        Case((LLAMA_70B, 40, 4096, LLAMA_70B_INT4, 2, 2048, ACT_70B, 0.0),
+             label="the same card with no reserve, chunks of 2,048: 2"),
+        Case((LLAMA_8B, 16, 8192, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1), label="weights larger than the card: 0"),
+        Case((model_preset("Falcon-7B"), 24, 2048, 4 * 10**9, 0.5, 2048, 2 * 4544 * 8, 0.05),
+             label="multi-query Falcon-7B, 4-bit cache, 72,704 B of activations per token: 4,446"),
     ),
     random_case=_random_batch_case,
-    hints=("free bytes = gpu_memory_gb x 10**9 - weights_bytes; each sequence needs "
-           "2 x seq_len x n_layers x n_kv_heads x head_dim x bytes_per_value; round down, never below 0",),
+    hints=("free = gpu_memory_gb x 10**9 - weights_bytes - reserve_fraction x gpu_memory_gb x 10**9; a batch of n "
+           "needs n x (one sequence's KV bytes) + min(chunk_tokens, n x seq_len) x activation_bytes_per_token; "
+           "return the largest n that fits, 0 if none",),
     mistakes=(
+        Mistake("a chunked prefill holds at most chunk_tokens tokens of the whole batch in one step: the activations "
+                "are min(chunk_tokens, n x seq_len) tokens' worth, neither n x seq_len tokens nor a chunk per sequence",
+                _one_pass),
+        Mistake("when the whole batch holds fewer than chunk_tokens tokens, only those are in flight: "
+                "min(chunk_tokens, n x seq_len), not always a full chunk", _full_chunk_always),
+        Mistake("the activations of a chunk take memory too: add min(chunk_tokens, n x seq_len) x "
+                "activation_bytes_per_token", _no_activations),
+        Mistake("the reserve is a fraction of the whole GPU (gpu_memory_gb x 10**9), not of what the weights leave",
+                _reserve_of_what_is_left),
+        Mistake("keep the reserve: reserve_fraction x the GPU's bytes is not available to the model", _no_reserve),
         Mistake("a datasheet's GB is 10**9 bytes; multiplying by 2**30 invents 7% more memory", _gib_memory),
-        Mistake("the weights are already in the GPU: subtract weights_bytes first", _ignores_weights),
+        Mistake("the weights are already in the GPU: subtract weights_bytes", _ignores_weights),
         Mistake("use spec.n_kv_heads: only the key/value heads are cached", _query_heads_batch),
-        Mistake("round DOWN: a sequence that only partly fits does not fit", _rounds_to_nearest),
-        Mistake("when the weights alone do not fit, the answer is 0, not a negative batch", _negative_when_too_big),
+        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the seed lab's formula)",
+                _d_model_batch),
+        Mistake("one sequence too many: return the last batch that fits, not the first that does not (round down)",
+                _one_too_many),
+        Mistake("when the weights and the reserve alone do not fit, the answer is 0, not a negative batch",
+                _negative_when_too_big),
     ),
 ))
+
+
+# ----- predictions and computations the lab asks for before it shows their answers -----
+
+QWEN3 = model_preset("Qwen3-0.6B")
+
+
+def qwen3_full_context_kv_gib() -> float:
+    """Qwen3-0.6B's BF16 KV cache for one sequence at its whole configured context: 4.375 GiB."""
+    return to_gib(kv_cache_bytes(QWEN3, 1, QWEN3.max_position_embeddings, "bf16"))
+
+
+PREDICT_KV = register(prediction(
+    "04.predict_qwen3_kv_gib", "Predict: Qwen3-0.6B's KV cache at its full context, in GiB", "predicted_qwen3_kv_gib",
+    qwen3_full_context_kv_gib, rtol=0.02,
+    asked=f"Qwen3-0.6B, one sequence of {QWEN3.max_position_embeddings:,} tokens, BF16 (within 2%)",
+    hint="return a number of GiB; which two fields give the width of the cached keys of one layer?"))
+
+
+def gqa_multiplier() -> float:
+    """Llama-3-8B's KV cache as a fraction of the same model with one KV head per query head."""
+    as_if_mha = dataclasses.replace(LLAMA_8B, n_kv_heads=LLAMA_8B.n_heads)
+    return kv_cache_bytes(LLAMA_8B, 1, 1) / kv_cache_bytes(as_if_mha, 1, 1)
+
+
+PREDICT_GQA = register(prediction(
+    "04.predict_gqa_multiplier", "Predict: Llama-3-8B's KV cache as a fraction of full multi-head attention's",
+    "predicted_gqa_multiplier", gqa_multiplier, atol=0.005,
+    asked="Llama-3-8B (32 query heads, 8 KV heads) against the same shape with 32 KV heads (within 0.005)",
+    hint="return a fraction such as 0.5; which heads does the cache store?"))
+
+SEED_EXPERIMENT = dict(batch_size=16, seq_len=16_384, bytes_per_value=2)  # seed 000: "Llama-3-70B ... 16,384 x 16"
+
+
+def seed_formula_experiment_gib() -> float:
+    """The seed lab's calculate_inference_vram KV cache for its own experiment (FP16): 640.0 (GiB)."""
+    n_bytes = 2 * SEED_EXPERIMENT["bytes_per_value"] * LLAMA_70B.n_layers * LLAMA_70B.d_model \
+        * SEED_EXPERIMENT["seq_len"] * SEED_EXPERIMENT["batch_size"]  # 2 x b x L x d_model x T x B
+    return n_bytes / 1024**3
+
+
+COMPUTE_SEED = register(prediction(
+    "04.seed_formula_gib", "Compute: the seed formula's KV cache for its own 70B experiment", "seed_formula_kv_gib",
+    seed_formula_experiment_gib, rtol=1e-3,
+    asked="the seed lab's formula, Llama-3-70B (80 layers, d_model 8,192), 16 sequences of 16,384 tokens, FP16",
+    hint="return the number the seed's function would report as kv_cache_gb: 2 x bytes x layers x d_model x "
+         "seq_len x batch / 1024**3"))
+
+
+def fewest_h100s_fp16_chunked() -> int:
+    """The fewest tensor-parallel H100s (1, 2, 4, 8) on which the seed lab's FP16 experiment fits, chunked prefill."""
+    from labkit.core.budget import budget
+
+    h100 = gpu_preset("H100-SXM")
+    return next(tp for tp in (1, 2, 4, 8) if budget(LLAMA_70B, h100, 16, 16_384, weight_fmt="fp16", kv_dtype="fp16",
+                                                    tp=tp, prefill_chunk_tokens=8192).fits)
+
+
+PREDICT_GPUS = register(prediction(
+    "04.predict_h100_count", "Predict: the fewest H100s that serve the seed lab's FP16 experiment",
+    "predicted_h100_count", fewest_h100s_fp16_chunked,
+    asked="Llama-3.3-70B in FP16, 16 x 16,384 tokens, FP16 cache, chunks of 8,192 tokens, 10% reserve: 1, 2, 4 or 8",
+    hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs"))
