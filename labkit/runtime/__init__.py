@@ -5,7 +5,8 @@ In reading order: :func:`forward` is one pass (logits in float32 and the updated
 :func:`decode_one_token` are the two passes of a generation loop, and :class:`StepInfo` is what such a loop
 reports after each step; :func:`verify` scores k draft tokens in one pass (speculative decoding); the cache
 helpers measure (:func:`cache_length`, :func:`cache_bytes`), cut back (:func:`crop`) and copy
-(:func:`copy_cache`) a cache; :func:`capture` records chosen modules' inputs or outputs; :func:`model_copy`
+(:func:`copy_cache`) a cache; :func:`capture` records chosen modules' inputs or outputs and
+:func:`edit_outputs` replaces them for an intervention; :func:`model_copy`
 gives a private model to quantize or prune while the shared one stays as loaded.
 
 Modules: ``forward`` (passes, device, copies), ``cache``, ``capture``, ``models`` (loading, the verified cache),
@@ -27,10 +28,10 @@ one model spread over several devices. Used by every lab that runs the model (00
 """
 
 from labkit.runtime.cache import cache_bytes, cache_length, copy_cache, crop
-from labkit.runtime.capture import Capture, capture, layer_names
+from labkit.runtime.capture import Capture, capture, edit_outputs, layer_names
 from labkit.runtime.forward import (POSITIONS, Forward, StepInfo, decode_one_token, forward, full_logits, model_copy,
                                     model_device, module_of, prefill, synchronize, to_device, verify)
 
 __all__ = ["POSITIONS", "Capture", "Forward", "StepInfo", "cache_bytes", "cache_length", "capture", "copy_cache",
-           "crop", "decode_one_token", "forward", "full_logits", "layer_names", "model_copy", "model_device",
+           "crop", "decode_one_token", "edit_outputs", "forward", "full_logits", "layer_names", "model_copy", "model_device",
            "module_of", "prefill", "synchronize", "to_device", "verify"]

@@ -125,3 +125,49 @@ def capture(lm: Any, modules: Any, *, what: str = "output") -> Iterator[Capture]
             handle.remove()
 
 
+
+
+def _replace_first_tensor(value: Any, new: torch.Tensor) -> Any:
+    if isinstance(value, torch.Tensor):
+        return new
+    if isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+        return (new, *value[1:])
+    raise TypeError(f"cannot edit an output of type {type(value).__name__} (a tensor or a tuple led by one)")
+
+
+@contextmanager
+def edit_outputs(lm: Any, modules: Any, edit: Callable[[str, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Replace chosen modules' outputs during the passes run inside the ``with`` block (an intervention).
+
+    ``edit(name, output) -> new output`` gets each call's output tensor (a decoder block's: the residual stream
+    ``[batch, tokens, d_model]``) and returns the tensor the rest of the model sees; it must not change its shape.
+    ``modules`` selects as in :func:`capture`. The hooks are removed on exit, also when the block raises, so the
+    model is as it was: nothing in its weights changes.
+
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> with edit_outputs(net, ["0"], lambda name, out: torch.zeros_like(out)):
+    ...     net(torch.ones(1, 2)).tolist()
+    [[0.0, 0.0]]
+    >>> len(net[0]._forward_hooks)
+    0
+    """
+    if not callable(edit):
+        raise TypeError(f"edit must be a function (name, output) -> output, got {type(edit).__name__}")
+    chosen = _select(module_of(lm), modules)
+
+    def hook(name: str, output: Any) -> Any:
+        old = _first_tensor(output)
+        new = edit(name, old)
+        if not isinstance(new, torch.Tensor) or new.shape != old.shape:
+            raise ValueError(f"edit must return a tensor of the output's shape {tuple(old.shape)} for {name}, got "
+                             f"{tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__}")
+        return _replace_first_tensor(output, new)
+
+    handles = []
+    try:
+        for name, child in chosen.items():
+            handles.append(child.register_forward_hook(lambda _m, _a, out, n=name: hook(n, out)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
