@@ -6,8 +6,8 @@ dropdown, toggle, button) changes the picture and the numbers; and at 1280x800 w
 at 1024x768 with it closed, every readout and handle is on top, no label is cut, images keep their aspect, the
 explorer fits the output area, and its controls and figure fit one screen. Screenshots: build/browser/.
 
-Run as the second half of ``make test``, or alone with ``make test-browser`` (about 4 minutes here); skipped, saying why, where Chromium or Playwright is
-missing. The timings are ``python -m benchmarks browser``'s business, never asserted here.
+Run as the second half of ``make test``, or alone with ``make test-browser`` (about 4 minutes here); skipped,
+saying why, where Chromium or Playwright is missing. The timings are ``python -m benchmarks browser``'s business, never asserted here.
 """
 
 from __future__ import annotations
