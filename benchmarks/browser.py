@@ -442,7 +442,7 @@ def main(slider_moves: int = 30) -> None:
 
     notebooks = [n for n in learner_notebooks() if saved_explorer_outputs(n)]
     print("Explorers in Chromium (JupyterLab, 1280x800): slider/toggle/dropdown event -> new image in the page")
-    print(f"{'notebook':<28} {'explorer':>8} {'moves':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
+    print(f"{'notebook':<32} {'explorer':>8} {'moves':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
     with JupyterLab(notebooks) as lab, sync_playwright() as playwright:
         browser = launch(playwright)
         for notebook in notebooks:
@@ -451,7 +451,7 @@ def main(slider_moves: int = 30) -> None:
             for number, root in enumerate(explorers(page)):
                 moves = drive(page, root, slider_moves)
                 latencies = [m.latency_ms for m in moves if m.kind != "button" and m.latency_ms is not None]
-                print(f"{notebook.name:<28} {number:>8} {len(latencies):>6} {statistics.median(latencies):>8.0f}"
+                print(f"{notebook.name:<32} {number:>8} {len(latencies):>6} {statistics.median(latencies):>8.0f}"
                       f" {percentile(latencies, 0.95):>8.0f} {max(latencies):>8.0f}")
             page.close()
         browser.close()
