@@ -54,9 +54,31 @@ def test_widget_updates_in_place(embedded):
     explorer.controls["layer"].value = 20
     assert image.value != first and "layer 20" in explorer.numbers.value
     drawn = image.value
-    explorer.controls["threshold"].value = 30.0  # numbers only: the picture is not redrawn
-    assert image.value is drawn and "&ge; 30" in explorer.numbers.value
+    explorer.controls["threshold"].value = 30.0  # the numbers and the outliers-kept SQNR line
+    assert image.value != drawn and "&ge; 30" in explorer.numbers.value
     explorer.controls["source"].value = "down_proj input"
     explorer.controls["alpha"].value = 0.8
     assert explorer.view.smoothing.act_range[0].shape == (1536,)
     assert explorer.picture()[:4] == b"\x89PNG"
+
+
+def test_per_tensor_int8_leaves_the_median_token_nothing_once_the_massive_activation_appears(data):
+    layers = compute(data, layer=15).layers.sqnr
+    per_tensor, per_token = layers["per-tensor INT8"], layers["per-token INT8"]
+    assert data.massive_layer == 11
+    # From layer 11 a 21,700 sets the scale (171 per code): the median token's ~2s round to 0 (SQNR 0 dB there,
+    # a few dB later as the median grows), at least 20 dB below per-token scales at every layer it rides through.
+    assert per_tensor[11] < 1.0 and (per_token - per_tensor)[11:28].min() > 20.0
+    assert per_tensor[10] > 15.0  # the layer before: no massive activation yet
+
+
+def test_the_toggle_shows_the_model_with_its_massive_activations_zeroed(embedded):
+    explorer = outlier_explorer(embedded, PROMPT, layer=15)
+    before, image = explorer.view.tensor, explorer.canvas.image.value
+    explorer.controls["massive"].value = True
+    after = explorer.view.tensor
+    assert explorer.data.zeroed_at == 11 and "zeroed" in explorer.numbers.value
+    assert before.largest > 10_000 and after.largest < 5_000  # 507 gone (channel 247 grows to a few thousand)
+    assert explorer.canvas.image.value != image
+    explorer.controls["massive"].value = False
+    assert explorer.view.tensor.largest == before.largest

@@ -271,6 +271,19 @@ def sqnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(float((x.double() ** 2).sum()) / noise)
 
 
+def token_sqnr_db(x: torch.Tensor, x_hat: torch.Tensor) -> torch.Tensor:
+    """SQNR in dB of each token (row) of activations ``[tokens, channels]``: float64 ``[tokens]``, inf where exact.
+
+    One number for a whole tensor hides what a massive activation does: its own energy dominates the sum, so a
+    per-tensor scale that rounds every other token to zero still scores well. Per token, those tokens score 0 dB.
+
+    >>> token_sqnr_db(torch.tensor([[3.0, 4.0], [1.0, 0.0]]), torch.tensor([[3.0, 3.0], [1.0, 0.0]])).tolist()
+    [13.979400086720377, inf]
+    """
+    x64, noise = x.double(), (x.double() - x_hat.double()) ** 2
+    return 10 * torch.log10((x64 ** 2).sum(dim=-1) / noise.sum(dim=-1))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Activations: per token, and LLM.int8()'s outlier columns
 
