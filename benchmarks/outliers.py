@@ -21,7 +21,8 @@ def main(n_moves: int = 120) -> None:
 
     explorer = outlier_explorer()
     streams = {"layer": itertools.cycle([3, 11, 20, 27, 15, 0]), "source": itertools.cycle(list(SOURCES)[1:] + [list(SOURCES)[0]]),
-               "threshold": itertools.cycle([2.0, 6.0, 20.0, 6.5, 45.0]), "alpha": itertools.cycle([0.2, 0.5, 0.8, 0.65])}
+               "threshold": itertools.cycle([2.0, 6.0, 20.0, 6.5, 45.0]), "alpha": itertools.cycle([0.2, 0.5, 0.8, 0.65]),
+               "massive": itertools.cycle([True, False])}
     names = itertools.cycle(streams)
     per_control: dict[str, list[float]] = {name: [] for name in streams}
     compute_ms = []

@@ -380,14 +380,14 @@ class OutlierExplorer(Explorer):
                         layout.figure_image(self.canvas)]),
             self.numbers,
         ], layout=widgets.Layout(width="100%"))
-        self._parts: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        self._parts: dict[tuple[Any, ...], Any] = {}
         self.set_prompt()
 
     def set_prompt(self) -> None:
         """The forward passes: this prompt's activations as they are and, when it has massive activations, with
         them zeroed where they appear (both captured now, so the toggle is instant); then redraw."""
         as_is = capture_activations(self.lm, self.prompt.value)
-        self.datasets = {False: as_is}
+        self.datasets, self._parts = {False: as_is}, {}
         if as_is.massive_layer is not None:
             self.datasets[True] = capture_activations(self.lm, self.prompt.value, zero_massive_at=as_is.massive_layer)
         self.massive.disabled = as_is.massive_layer is None
@@ -399,24 +399,23 @@ class OutlierExplorer(Explorer):
     def switch(self, change: Any = None) -> None:
         """Show the activations as they are or with the massive ones zeroed (both already captured)."""
         self.data = self.datasets[bool(self.massive.value) and True in self.datasets]
-        self._parts = {}
         self.update()
 
-    def _part(self, name: str, function: Any, *args: Any) -> tuple[Any, bool]:
-        """A part of the view, recomputed only when its own arguments changed; (value, changed)."""
-        if name in self._parts and self._parts[name][0] == args:
-            return self._parts[name][1], False
-        value = function(self.data, *args)
-        self._parts[name] = (args, value)
-        return value, True
+    def _part(self, function: Any, *args: Any) -> Any:
+        """A part of the view for the data shown, computed once per prompt for each set of its own arguments
+        (so going back to a source, a layer or the other toggle position costs nothing)."""
+        key = (self.data.zeroed_at, function.__name__, *args)
+        if key not in self._parts:
+            self._parts[key] = function(self.data, *args)
+        return self._parts[key]
 
     def update(self, change: Any = None) -> None:
         where = (self.layer.value, self.source.value)
-        tensor, new_tensor = self._part("tensor", tensor_view, *where)
-        threshold, _ = self._part("threshold", threshold_view, *where, self.threshold.value)
-        smoothing, _ = self._part("smoothing", smoothing_view, *where, self.alpha.value)
-        fixed, _ = self._part("layers", threshold_free_sqnr, self.source.value)
-        kept, _ = self._part("kept", outliers_kept_sqnr, self.source.value, self.threshold.value)
+        tensor = self._part(tensor_view, *where)
+        threshold = self._part(threshold_view, *where, self.threshold.value)
+        smoothing = self._part(smoothing_view, *where, self.alpha.value)
+        fixed = self._part(threshold_free_sqnr, self.source.value)
+        kept = self._part(outliers_kept_sqnr, self.source.value, self.threshold.value)
         self.view = OutlierView(tensor, threshold, smoothing,
                                 LayersView(self.source.value, self.threshold.value, {**fixed, SCHEMES[2]: kept}))
         render(self.figure, self.view)  # blitted: a few ms, even when only the SQNR lines moved
