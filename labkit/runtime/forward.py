@@ -130,13 +130,17 @@ def _check_ids(ids: Any, name: str) -> None:
 
 
 def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "last", use_cache: bool = True,
-            device: Any = None) -> Forward:
+            device: Any = None, attention_mask: torch.Tensor | None = None,
+            position_ids: torch.Tensor | None = None) -> Forward:
     """One forward pass over ``ids`` (``[batch, seq_len]``) after what ``cache`` holds.
 
     ``positions="last"`` returns the next-token logits ``[batch, vocab]`` (the vocabulary projection runs for
     the last position only when the model allows); ``"all"`` returns every position's ``[batch, seq_len, vocab]``.
     ``cache=None`` starts a new cache; a cache passed in is grown in place and returned. ``use_cache=False``
     keeps no cache (scoring a text in one pass). ``device`` defaults to the model's and, when given, must be it.
+    A batch of prompts of different lengths is left-padded: ``attention_mask`` (``[batch, cached + seq_len]``, 1
+    for a real token, 0 for padding) hides the padding and ``position_ids`` (``[batch, seq_len]``) numbers each
+    sequence's real tokens from 0 (:func:`labkit.runtime.generation.generate_requests` builds both).
     """
     module = module_of(lm)
     _check_ids(ids, "ids")
@@ -148,6 +152,13 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "
     home = _check_device(module, device)
     parameters = _forward_parameters(type(module))
     kwargs: dict[str, Any] = {"use_cache": use_cache}
+    for name, tensor in (("attention_mask", attention_mask), ("position_ids", position_ids)):
+        if tensor is not None:
+            validation.tensor(name, tensor, kind="int", ndim=2, shape="[batch, tokens]")
+            if tensor.shape[0] != ids.shape[0]:
+                raise ValueError(f"{name} must have one row per sequence ({ids.shape[0]}), got shape "
+                                 f"{tuple(tensor.shape)}")
+            kwargs[name] = tensor.to(home)
     if use_cache:
         keyword = "cache" if "cache" in parameters else "past_key_values"
         kwargs[keyword] = cache if cache is not None else _new_cache(module)
