@@ -1,14 +1,17 @@
 """The bug zoo of lab 03: each wrong implementation fails with a pointed hint; the solutions pass."""
 
+import pytest
 import torch
 
-from labkit.exercises import get
+from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
+from labkit.exercises.lab03 import round_trip_checkpoint, weights_back_exactly
 from zoo import assert_zoo
 
 PER_CHANNEL = get("03.fake_quantize_per_channel")
 AFFINE = get("03.affine_fake_quantize")
 PREDICT = get("03.predict_outlier_channels")
+ROUND_TRIP = get("03.predict_fp16_round_trip")
 
 
 def per_channel_solution(weight, bits):
@@ -108,3 +111,37 @@ def test_prediction_within_a_factor_of_two(embedded):
     truth = PREDICT.reference()
     assert check_function(PREDICT, lambda: truth * 0.6).status == "passed"
     assert check_function(PREDICT, lambda: 5).status == "failed"
+
+
+# ----- 03.predict_fp16_round_trip (Lesson 4.1, question 3) -----
+
+def test_round_trip_answer_is_the_weights_already_on_fp16s_grid():
+    copied, tuned = round_trip_checkpoint()
+    assert weights_back_exactly() == 400.0
+    assert torch.equal(copied.half().float(), copied)  # the copied weights lose nothing
+    assert not bool((tuned.half().float() == tuned).any())  # every fine-tuned weight loses something
+
+
+@pytest.mark.parametrize("guess, status", [
+    (400, "passed"), (404, "passed"),
+    (1000, "failed"),  # "FP32 gives the precision back"
+    (0, "failed"),  # "nothing survives": the weights that were FP16 already do
+    (600, "failed"),  # the two groups swapped
+])
+def test_round_trip_prediction(guess, status):
+    verdict = check_function(ROUND_TRIP, lambda: guess)
+    assert verdict.status == status, verdict
+    if status == "failed":
+        assert "widening FP16 to FP32 is exact" in str(verdict)
+
+
+def test_predictions_say_what_may_be_called():
+    for exercise in (ROUND_TRIP, PREDICT):
+        assert exercise.n_random == 0
+        assert exercise.allowed_text == ("No labkit function may be called inside your function: the check "
+                                         "reports any call into labkit.")
+
+
+def test_lab03_registers_its_exercises_in_notebook_order():
+    assert [ex.id for ex in exercises("03")] == ["03.predict_fp16_round_trip", "03.fake_quantize_per_channel",
+                                                 "03.affine_fake_quantize", "03.predict_outlier_channels"]

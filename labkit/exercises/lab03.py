@@ -1,5 +1,6 @@
-"""Lab 03's exercises: symmetric per-channel fake quantization, affine quantization by MinMaxObserver's rule, and a
-prediction checked on the outlier visualizer.
+"""Lab 03's exercises: Lesson 4.1's question 3 (what an FP16 checkpoint loaded into FP32 gives back), symmetric
+per-channel fake quantization, affine quantization by MinMaxObserver's rule, and a prediction checked on the outlier
+visualizer.
 
 Each exercise's task text in ``notebooks/solutions/03_numerics_quantization.ipynb`` states the rules used here.
 """
@@ -10,9 +11,10 @@ import functools
 
 import torch
 
+from labkit.core.numerics import round_to_format
 from labkit.core.quantization import fake_quantize, outlier_channels
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
 
 def _random_matrix(generator: torch.Generator) -> torch.Tensor:
@@ -24,6 +26,42 @@ def _random_matrix(generator: torch.Generator) -> torch.Tensor:
     if torch.rand(1, generator=generator) < 0.3:  # a non-negative row (ReLU-like), which an affine grid must handle
         x[-1] = x[-1].abs()
     return x
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 03.predict_fp16_round_trip: Lesson 4.1's retrieve-and-predict question 3, answered before the notebook shows it
+
+N_FROM_FP16, N_TUNED, WEIGHT_STD, CHECKPOINT_SEED = 400, 600, 0.02, 3
+
+
+def round_trip_checkpoint() -> tuple[torch.Tensor, torch.Tensor]:
+    """The prediction's FP32 checkpoint, seeded: (400 weights copied from an FP16 release, 600 fine-tuned in FP32).
+
+    Both parts are drawn from N(0, 0.02^2), a typical weight scale; the copied ones are rounded to FP16 first.
+
+    >>> copied, tuned = round_trip_checkpoint()
+    >>> copied.dtype, tuned.dtype, copied.numel() + tuned.numel()
+    (torch.float32, torch.float32, 1000)
+    """
+    generator = torch.Generator().manual_seed(CHECKPOINT_SEED)
+    copied = round_to_format(torch.randn(N_FROM_FP16, generator=generator) * WEIGHT_STD, "fp16")
+    tuned = torch.randn(N_TUNED, generator=generator) * WEIGHT_STD
+    return copied, tuned
+
+
+def weights_back_exactly() -> float:
+    """How many of the checkpoint's 1,000 weights equal their FP32 value after saving in FP16 and loading into FP32."""
+    weights = torch.cat(round_trip_checkpoint())
+    return float((round_to_format(weights, "fp16") == weights).sum())
+
+
+PREDICT_ROUND_TRIP = register(prediction(
+    "03.predict_fp16_round_trip", "Predict: the weights an FP16 checkpoint gives back exactly in FP32",
+    "predicted_exact_weights", weights_back_exactly, atol=5,
+    asked=f"{N_FROM_FP16 + N_TUNED:,} FP32 weights ({N_FROM_FP16} copied from an FP16 release, {N_TUNED} fine-tuned "
+          "in FP32), saved in FP16, loaded into FP32 (within 5)",
+    hint="return a number of weights (of 1,000); widening FP16 to FP32 is exact, so ask which weights had already "
+         "lost something when they were saved"))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -207,27 +245,14 @@ def outlier_channels_on_the_model() -> float:
     return float(outlier_channels(_layer_output(), PREDICT_THRESHOLD).sum())
 
 
-def _no_random_case(generator: torch.Generator) -> Case:
-    return Case(())
+PREDICT = register(prediction(
+    "03.predict_outlier_channels", "Predict, then check: channels reaching 6.0 at layer 15",
+    "predicted_outlier_channels", outlier_channels_on_the_model,
+    rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
+    asked=f"layer {PREDICT_LAYER}, residual stream, threshold {PREDICT_THRESHOLD}, prompt {PREDICT_PROMPT!r}",
+    hint="return your prediction as a number of channels (of 576); the median |x| there is about 2, and a channel "
+         "counts once any token reaches the threshold"))
 
-
-PREDICT = register(
-    Exercise(
-        id="03.predict_outlier_channels",
-        title="Predict, then check: channels reaching 6.0 at layer 15",
-        function="predicted_outlier_channels",
-        reference=outlier_channels_on_the_model,
-        points=1,
-        n_random=0,
-        rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
-        atol=0.0,
-        hand_cases=(Case((), label=f"layer {PREDICT_LAYER}, residual stream, threshold {PREDICT_THRESHOLD}, "
-                                   f"prompt {PREDICT_PROMPT!r}"),),
-        random_case=_no_random_case,
-        hints=("return your prediction as a number of channels (of 576); the median |x| there is about 2, and a "
-               "channel counts once any token reaches the threshold",),
-    )
-)
-
-__all__ = ["AFFINE", "PER_CHANNEL", "PREDICT", "affine_fake_quantize", "fake_quantize_per_channel",
-           "outlier_channels_on_the_model"]
+__all__ = ["AFFINE", "PER_CHANNEL", "PREDICT", "PREDICT_ROUND_TRIP", "affine_fake_quantize",
+           "fake_quantize_per_channel", "outlier_channels_on_the_model", "round_trip_checkpoint",
+           "weights_back_exactly"]
