@@ -5,7 +5,7 @@ import pytest
 from labkit.core.memory import kv_cache_bytes
 from labkit.core.presets import model_preset
 from labkit.core.timing import tpot
-from labkit.exercises import exercises, get
+from labkit.exercises import exercises, get, lab05
 from labkit.exercises.checking import check_function
 from labkit.exercises.lab05 import (
     CHAPTER_STAMPS, EXAMPLE_CPU, reference_decode_floor_ms, reference_e2e_ms, reference_tpot_ms,
@@ -175,6 +175,31 @@ def test_the_prediction_passes_within_a_quarter_and_fails_outside():
     assert check_function(PREDICT, lambda: 8).status == "failed"  # "eight times" ignores the prefill
 
 
-def test_lab05_registers_four_exercises():
+def test_lab05_registers_its_exercises_in_notebook_order_of_sections():
     assert [ex.id for ex in exercises("05")] == ["05.tpot_ms", "05.e2e_ms", "05.decode_floor_ms",
-                                                 "05.predict_batch_throughput"]
+                                                 "05.predict_batch_throughput", "05.predict_forward_calls",
+                                                 "05.predict_shorter_run_e2e", "05.predict_requests_sooner"]
+
+
+# ----- Lesson 4.1's questions 2, 6 and 7 -----
+
+def test_eight_tokens_need_seven_calls_after_the_prefill():
+    exercise = get("05.predict_forward_calls")
+    assert check_function(exercise, lambda: 7).status == "passed"
+    assert check_function(exercise, lambda: 8).status == "failed"  # the prefill already chose the first token
+
+
+def test_half_the_tokens_at_the_same_speed_is_the_chapter_arithmetic():
+    exercise = get("05.predict_shorter_run_e2e")
+    assert lab05.shorter_run_e2e_ms() == 700 + 9 * 35 == 1015
+    assert check_function(exercise, lambda: 1015).status == "passed"
+    assert check_function(exercise, lambda: 1365 / 2).status == "failed"  # half the E2E: the TTFT does not halve
+
+
+def test_batching_three_requests_does_not_make_every_one_finish_sooner():
+    exercise = get("05.predict_requests_sooner")
+    alone, together = (EXAMPLE_CPU.predict(32, 16, b).e2e_s for b in (1, 3))
+    assert alone < together < 2 * alone  # the first in line loses, the second and third gain
+    assert lab05.requests_finishing_sooner_in_a_batch() == 2
+    assert check_function(exercise, lambda: 2).status == "passed"
+    assert check_function(exercise, lambda: 3).status == "failed"

@@ -1,5 +1,6 @@
 """Lab 05's exercises: TPOT from timestamps (unavailable for one token), E2E by eq. 8.1, the decode floor from a
-spec and a bandwidth, and a prediction about batching checked against a latency model.
+spec and a bandwidth, and predictions (Lesson 4.1's questions 2, 6 and 7, and batching's throughput) checked
+against labkit's arithmetic and a latency model.
 
 The timestamps are in milliseconds and the answers too, so the chapter's example reads as printed: 700 ms to the
 first token, then 35 ms a token. The bug zoo holds the mistakes the seed chapter warns about (total time divided
@@ -15,7 +16,7 @@ from labkit.core.presets import model_preset
 from labkit.core.spec import ModelSpec
 from labkit.core.timing import LatencyModel, decode_floor_s, e2e_estimate, tpot
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
 # ----- 05.tpot_ms -----
 
@@ -262,21 +263,57 @@ def throughput_gain_on_the_example() -> float:
     return batched.tokens_per_s / alone.tokens_per_s
 
 
-def _no_random_case(generator: torch.Generator) -> Case:
-    return Case(())
+PREDICT = register(prediction(
+    "05.predict_batch_throughput", "Predict, then check: the throughput gain of a batch of 8",
+    "predicted_throughput_gain", throughput_gain_on_the_example, rtol=0.25,  # within 25% of the model's answer
+    asked="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1",
+    hint="return your prediction as a number; each decode step reads the weights once for the whole batch, but the "
+         "prefill work grows with the batch"))
 
 
-PREDICT = register(Exercise(
-    id="05.predict_batch_throughput",
-    title="Predict, then check: the throughput gain of a batch of 8",
-    function="predicted_throughput_gain",
-    reference=throughput_gain_on_the_example,
-    points=1,
-    n_random=0,
-    rtol=0.25,  # within 25% of the model's answer
-    atol=0.0,
-    hand_cases=(Case((), label="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1"),),
-    random_case=_no_random_case,
-    hints=("return your prediction as a number; each decode step reads the weights once for the whole batch, but "
-           "the prefill work grows with the batch",),
-))
+# ----- Lesson 4.1's retrieve-and-predict questions 2, 6 and 7 -----
+
+OUTPUT_TOKENS = 8
+
+
+def decode_calls_for_eight_tokens() -> int:
+    """Forward calls after the prefill to choose 8 tokens: the prefill's logits choose the first (eq. 8.1's n - 1)."""
+    return len(range(1, OUTPUT_TOKENS))
+
+
+PREDICT_CALLS = register(prediction(
+    "05.predict_forward_calls", "Predict: forward calls after the prefill for eight output tokens",
+    "forward_calls_after_prefill", decode_calls_for_eight_tokens,
+    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?"))
+
+CHAPTER_TTFT_MS, CHAPTER_TPOT_MS, CHAPTER_TOKENS, SHORTER_TOKENS = 700, 35, 20, 10
+
+
+def shorter_run_e2e_ms() -> float:
+    """The chapter's request (700 ms to the first token, 35 ms a token after) cut to 10 tokens: E2E by eq. 8.1."""
+    return e2e_estimate(CHAPTER_TTFT_MS, CHAPTER_TPOT_MS, SHORTER_TOKENS)
+
+
+PREDICT_SHORTER = register(prediction(
+    "05.predict_shorter_run_e2e", "Predict: E2E of a run with half the tokens and the same speed",
+    "predicted_shorter_run_e2e_ms", shorter_run_e2e_ms, rtol=0.01,
+    asked=f"TTFT {CHAPTER_TTFT_MS} ms, TPOT {CHAPTER_TPOT_MS} ms, {SHORTER_TOKENS} tokens instead of {CHAPTER_TOKENS}",
+    hint="eq. 8.1: E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed"))
+
+QUEUE = 3  # requests arriving together
+
+
+def requests_finishing_sooner_in_a_batch() -> int:
+    """Of three requests arriving together on EXAMPLE_CPU (32-token prompts, 16 new tokens), how many finish sooner
+    in one batch of 3 than served one after another in arrival order (the k-th then waits for k - 1 others)?"""
+    alone = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, 1).e2e_s
+    together = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, QUEUE).e2e_s
+    return sum(together < k * alone for k in range(1, QUEUE + 1))
+
+
+PREDICT_SOONER = register(prediction(
+    "05.predict_requests_sooner", "Predict: how many of three requests finish sooner when batched",
+    "predicted_requests_sooner", requests_finishing_sooner_in_a_batch,
+    asked="EXAMPLE_CPU, three requests of 32 prompt tokens and 16 new tokens: one batch of 3 against one after "
+          "another", hint="compare each request's finish time: served k-th, it waits for k - 1 whole requests first; "
+                          "in the batch, all finish when the batch does"))
