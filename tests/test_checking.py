@@ -11,7 +11,7 @@ import torch
 
 import labkit.core.memory
 import labkit.core.sampling
-from labkit.exercises.checking import Case, Exercise, Mistake, check_function, compare
+from labkit.exercises.checking import Case, Exercise, Mistake, check_function, compare, prediction
 
 
 def _double(x):
@@ -302,6 +302,38 @@ def test_an_allowed_labkit_helper_passes_and_says_so():
     assert "calls labkit's own `labkit.core.sampling.apply_temperature`" in str(
         check_function(TRIPLE, lambda x: labkit.core.sampling.apply_temperature(x, 1 / 3)))
     assert DOUBLE.allowed_text.startswith("No labkit function")
+
+
+# ----- a prediction: one guess, no argument, compared once with labkit's answer -----
+
+GUESS = prediction("zz.guess", "Predict: 6 x 7", "predicted_product", lambda: 42.0, atol=2, points=2,
+                   asked="six times seven (within 2)", hint="multiply; it is not 67")
+
+
+def test_a_right_guess_passes_within_the_tolerance():
+    for guess in (42, 40.5, 44):
+        verdict = check_function(GUESS, lambda: guess)
+        assert verdict.status == "passed" and verdict.points == 2, verdict
+    assert "1 hand-computed cases and 0 random cases" in str(verdict) and "atol=2" in str(verdict)
+
+
+def test_a_wrong_guess_fails_with_the_question_and_its_hint():
+    verdict = check_function(GUESS, lambda: 67)
+    assert verdict.status == "failed" and verdict.points == 0
+    text = str(verdict)
+    assert "six times seven (within 2)" in text and "expected: 42.0" in text and "got:      67" in text
+    assert "hint:     multiply; it is not 67" in text
+
+
+def test_a_guess_that_raises_is_reported_not_raised():
+    verdict = check_function(GUESS, lambda: 1 / 0)
+    assert verdict.status == "failed"
+    assert "raised ZeroDivisionError: division by zero" in str(verdict) and "multiply; it is not 67" in str(verdict)
+
+    def stub():
+        raise NotImplementedError("your code here")
+
+    assert check_function(GUESS, stub).status == "not attempted"
 
 
 # ----- problems on labkit's side are reported as such, never raised -----

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import (
@@ -45,10 +45,6 @@ def _random_temperature(generator: torch.Generator) -> float:
     return 0.0 if draw < 0.15 else round(0.1 + 2.4 * draw, 3)
 
 
-def _no_random_case(generator: torch.Generator) -> Case:
-    return Case(())
-
-
 # --------------------------------------------------------------------------------------------------------------
 # 01.predict_order: Lesson 4.1's retrieve-and-predict question 4, answered before the notebook computes it
 
@@ -70,20 +66,13 @@ def survivors_in_each_order() -> tuple[str, str]:
             letters(sampling_probs(_LOG_8421, **settings, order="filters_first")))
 
 
-PREDICT_ORDER = register(
-    Exercise(
-        id="01.predict_order",
-        title="Predict: which tokens survive T = 1/2 and top-p = 3/4, in each order",
-        function="predicted_survivors",
-        reference=survivors_in_each_order,
-        points=1,
-        n_random=0,
-        hand_cases=(Case((), label="logits (log 8, log 4, log 2, log 1), T = 1/2, top-p = 3/4"),),
-        random_case=_no_random_case,
-        hints=("return two strings of letters in alphabetical order, e.g. (\"ABC\", \"AB\"): first the tokens left when "
-               "temperature comes first, then when the filter comes first",),
-    )
-)
+PREDICT_ORDER = register(prediction(
+    "01.predict_order", "Predict: which tokens survive T = 1/2 and top-p = 3/4, in each order", "predicted_survivors",
+    survivors_in_each_order,
+    rtol=1e-5, atol=1e-6,  # printed by the check; strings are compared exactly
+    asked="logits (log 8, log 4, log 2, log 1), T = 1/2, top-p = 3/4",
+    hint="return two strings of letters in alphabetical order, e.g. (\"ABC\", \"AB\"): first the tokens left when "
+         "temperature comes first, then when the filter comes first"))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -425,23 +414,13 @@ def kept_tokens_on_the_model() -> float:
     return float(kept_count(filtered))
 
 
-PREDICT = register(
-    Exercise(
-        id="01.predict_kept_tokens",
-        title="Predict, then check: tokens kept at T = 0.7, top-p = 0.9",
-        function="predicted_kept_tokens",
-        reference=kept_tokens_on_the_model,
-        points=1,
-        n_random=0,
-        rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
-        atol=0.0,
-        hand_cases=(Case((), label=f"the prompt {PREDICT_PROMPT!r} at T = {PREDICT_TEMPERATURE}, "
-                                   f"top-p = {PREDICT_TOP_P}"),),
-        random_case=_no_random_case,
-        hints=("return your prediction as a number; lower temperature sharpens the distribution, so fewer tokens "
-               "are needed to reach the same mass",),
-    )
-)
+PREDICT = register(prediction(
+    "01.predict_kept_tokens", "Predict, then check: tokens kept at T = 0.7, top-p = 0.9", "predicted_kept_tokens",
+    kept_tokens_on_the_model,
+    rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
+    asked=f"the prompt {PREDICT_PROMPT!r} at T = {PREDICT_TEMPERATURE}, top-p = {PREDICT_TOP_P}",
+    hint="return your prediction as a number; lower temperature sharpens the distribution, so fewer tokens are "
+         "needed to reach the same mass"))
 
 __all__ = ["APPLY_TEMPERATURE", "NUCLEUS", "PREDICT", "PREDICT_ORDER", "TOP_K", "survivors_in_each_order", "nucleus_probs", "kept_tokens_on_the_model",
            "TOP_P_TOLERANCE"]

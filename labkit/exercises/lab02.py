@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.loss import cross_entropy, token_surprisal
@@ -323,20 +323,14 @@ def genre_order() -> _OrderWithin:
     return _OrderWithin(sorted(ranked, key=ranked.get))
 
 
-PREDICT_GENRES = register(
-    Exercise(
-        id="02.predict_genre_order",
-        title="Predict: the genres from most to least predictable",
-        function="predicted_genre_order",
-        reference=genre_order,
-        points=1,
-        n_random=0,
-        hand_cases=(Case((), label="the seven genres of the evaluation text, lowest perplexity first"),),
-        random_case=lambda generator: Case(()),
-        hints=("return a list of the seven genre names (story, encyclopedia, recipe, dialogue, code, poem, news), "
-               "each once, the most predictable first",),
-    )
-)
+_PRINTED_TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # printed by the check; an order, count or letter is compared exactly
+
+PREDICT_GENRES = register(prediction(
+    "02.predict_genre_order", "Predict: the genres from most to least predictable", "predicted_genre_order",
+    genre_order, **_PRINTED_TOLERANCE,
+    asked="the seven genres of the evaluation text, lowest perplexity first",
+    hint="return a list of the seven genre names (story, encyclopedia, recipe, dialogue, code, poem, news), each "
+         "once, the most predictable first"))
 
 
 def best_temperature() -> float:
@@ -345,21 +339,12 @@ def best_temperature() -> float:
     return min(TEMPERATURES, key=lambda temperature: scores.perplexity(temperature=temperature))
 
 
-PREDICT_TEMPERATURE = register(
-    Exercise(
-        id="02.predict_best_temperature",
-        title="Predict: the temperature that gives the text its lowest perplexity",
-        function="predicted_best_temperature",
-        reference=best_temperature,
-        points=1,
-        n_random=0,
-        rtol=0.0,
-        atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
-        hand_cases=(Case((), label=f"the grid {TEMPERATURES}"),),
-        random_case=lambda generator: Case(()),
-        hints=("return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature",),
-    )
-)
+PREDICT_TEMPERATURE = register(prediction(
+    "02.predict_best_temperature", "Predict: the temperature that gives the text its lowest perplexity",
+    "predicted_best_temperature", best_temperature,
+    atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
+    asked=f"the grid {TEMPERATURES}",
+    hint="return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature"))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -376,19 +361,11 @@ def decode_calls_after_prefill(n_new: int = 8) -> int:
     return sum(1 for step in steps if step.step > 0)  # step 0 is the prefill
 
 
-PREDICT_CALLS = register(
-    Exercise(
-        id="02.predict_decode_calls",
-        title="Predict: forward calls after the prefill for eight output tokens",
-        function="predicted_decode_calls",
-        reference=decode_calls_after_prefill,
-        points=1,
-        n_random=0,
-        hand_cases=(Case((), label="Lesson 4.1, question 2: eight output tokens, counted on the model"),),
-        random_case=lambda generator: Case(()),
-        hints=("return a whole number; which forward pass gives the logits of the first output token?",),
-    )
-)
+PREDICT_CALLS = register(prediction(
+    "02.predict_decode_calls", "Predict: forward calls after the prefill for eight output tokens",
+    "predicted_decode_calls", decode_calls_after_prefill, **_PRINTED_TOLERANCE,
+    asked="Lesson 4.1, question 2: eight output tokens, counted on the model",
+    hint="return a whole number; which forward pass gives the logits of the first output token?"))
 
 CACHE_TEST_CHOICES = {
     "a": "sample 20 tokens with each path from the same seed and compare the two texts",
@@ -403,17 +380,9 @@ def cache_test_answer() -> str:
     return "b"
 
 
-PREDICT_CACHE_TEST = register(
-    Exercise(
-        id="02.predict_cache_test",
-        title="Predict: the comparison that tests a KV cache",
-        function="cache_test_choice",
-        reference=cache_test_answer,
-        points=1,
-        n_random=0,
-        hand_cases=(Case((), label="Lesson 4.1, question 5: one of " + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES)),),
-        random_case=lambda generator: Case(()),
-        hints=('return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are '
-               "their next steps still comparing?",),
-    )
-)
+PREDICT_CACHE_TEST = register(prediction(
+    "02.predict_cache_test", "Predict: the comparison that tests a KV cache", "cache_test_choice", cache_test_answer,
+    **_PRINTED_TOLERANCE,
+    asked="Lesson 4.1, question 5: one of " + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES),
+    hint='return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are their '
+         "next steps still comparing?"))

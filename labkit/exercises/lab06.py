@@ -10,7 +10,7 @@ import torch
 
 from labkit.core import speculative as sp
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
 # --------------------------------------------------------------------------------------------------------------
 # 06.expected_tokens
@@ -213,21 +213,12 @@ def best_gamma_here() -> float:
     return float(sp.optimal_gamma(PREDICT_ALPHA, PREDICT_COST))
 
 
-PREDICT_GAMMA = register(
-    Exercise(
-        id="06.predict_optimal_gamma",
-        title="Predict, then check: the best draft length at alpha = 0.8, c = 0.05",
-        function="predicted_gamma",
-        reference=best_gamma_here,
-        points=1,
-        n_random=0,
-        rtol=0.0,
-        atol=1.0,  # within one draft of the optimum
-        hand_cases=(Case((), label=f"alpha = {PREDICT_ALPHA}, c = {PREDICT_COST}"),),
-        random_case=lambda generator: Case(()),
-        hints=("return a number; more drafts cost gamma * c each call but the k-th draft only survives with "
-               "probability alpha**k",),
-    )
-)
+PREDICT_GAMMA = register(prediction(
+    "06.predict_optimal_gamma", "Predict, then check: the best draft length at alpha = 0.8, c = 0.05",
+    "predicted_gamma", best_gamma_here,
+    atol=1.0,  # within one draft of the optimum
+    asked=f"alpha = {PREDICT_ALPHA}, c = {PREDICT_COST}",
+    hint="return a number; more drafts cost gamma * c each call but the k-th draft only survives with probability "
+         "alpha**k"))
 
 __all__ = ["EXPECTED_TOKENS", "NEXT_TOKEN_PROBS", "PREDICT_GAMMA", "best_gamma_here", "next_token_probs"]
