@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from labkit.exercises.checking import Case, Exercise, Mistake
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import apply_temperature, softmax_with_temperature
@@ -117,21 +117,9 @@ def tokenizer_answer() -> str:
     return "b"
 
 
-def _no_random_case(generator: torch.Generator) -> Case:
-    return Case(())
-
-
-PREDICT_TOKENIZER = register(
-    Exercise(
-        id="00.predict_tokenizer",
-        title="Predict: why a different tokenizer breaks a run whose dimensions match",
-        function="tokenizer_choice",
-        reference=tokenizer_answer,
-        points=1,
-        n_random=0,
-        hand_cases=(Case((), label="Lesson 4.1, question 1: one of " + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES)),),
-        random_case=_no_random_case,
-        hints=('return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id '
-               "is all the model ever sees of the text",),
-    )
-)
+PREDICT_TOKENIZER = register(prediction(
+    "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
+    tokenizer_answer, rtol=1e-5, atol=1e-6,  # the Exercise defaults, printed in the verdict (a letter compares exactly)
+    asked="Lesson 4.1, question 1: one of " + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
+    hint='return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id is all '
+         "the model ever sees of the text"))
