@@ -42,7 +42,7 @@ def test_summary_shows_measured_against_predicted_where_measured():
 
 
 def test_render_moves_the_same_artists():
-    figure = TimingFigure()
+    figure = TimingFigure(max_batch=16)
     lines = list(figure.latency.lines) + list(figure.throughput.lines)
     render(figure, compute(MODEL, 32, 16, measured=MEASURED))
     first = figure.canvas.image.value

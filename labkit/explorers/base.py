@@ -67,6 +67,22 @@ def figure_image(canvas: Any) -> Any:
     return canvas.image
 
 
+NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
+
+
+def nice_limit(value: float) -> float:
+    """The smallest of 1, 1.5, 2, 3, 4, 5, 6, 8 times a power of ten at or above ``value`` (> 0): an axis limit
+    that changes in a few steps only, so a blitting explorer keeps one background per limit.
+
+    >>> nice_limit(0.37), nice_limit(2.2), nice_limit(1234.0)
+    (0.4, 3.0, 1500.0)
+    """
+    import math
+
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(round(step * power, 12) for step in NICE_STEPS if step * power >= value * (1 - 1e-12))
+
+
 def html_block(width: int | None = None) -> Any:
     """An HTML widget for numbers or text: a fixed width, or the whole row."""
     import ipywidgets as widgets

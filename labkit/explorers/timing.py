@@ -101,20 +101,26 @@ def summary_html(view: TimingView) -> str:
 
 
 class TimingFigure:
-    """Per-request latency and batch throughput against batch size, drawn once and moved by ``render``."""
+    """Per-request latency and batch throughput against batch size, blitted.
 
-    def __init__(self, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80):
+    The axes, ticks and legends are drawn once per pair of y limits (snapped by :func:`layout.nice_limit`, so a
+    handful of backgrounds serve every slider position) and cached; a move restores one and draws only the
+    curves, the measured markers and the batch cursor.
+    """
+
+    def __init__(self, max_batch: int, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80):
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.latency, self.throughput = self.canvas.figure.subplots(1, 2)
-        self.e2e_line, = self.latency.plot([], [], color="#4c72b0", label="E2E (predicted)")
-        self.ttft_line, = self.latency.plot([], [], color="#dd8452", label="TTFT (predicted)")
-        self.e2e_dots, = self.latency.plot([], [], "o", color="#4c72b0", label="E2E (measured)")
-        self.ttft_dots, = self.latency.plot([], [], "s", color="#dd8452", label="TTFT (measured)")
-        self.tput_line, = self.throughput.plot([], [], color="#55a868", label="predicted")
-        self.tput_dots, = self.throughput.plot([], [], "o", color="#55a868", label="measured")
-        self.cursors = [axes.axvline(1, color="grey", linestyle=":") for axes in (self.latency, self.throughput)]
-        self.latency.set(xlabel="batch size", ylabel="seconds per request")
-        self.throughput.set(xlabel="batch size", ylabel="output tokens/s (batch)")
+        kw = {"animated": True}
+        self.e2e_line, = self.latency.plot([], [], color="#4c72b0", label="E2E (predicted)", **kw)
+        self.ttft_line, = self.latency.plot([], [], color="#dd8452", label="TTFT (predicted)", **kw)
+        self.e2e_dots, = self.latency.plot([], [], "o", color="#4c72b0", label="E2E (measured)", **kw)
+        self.ttft_dots, = self.latency.plot([], [], "s", color="#dd8452", label="TTFT (measured)", **kw)
+        self.tput_line, = self.throughput.plot([], [], color="#55a868", label="predicted", **kw)
+        self.tput_dots, = self.throughput.plot([], [], "o", color="#55a868", label="measured", **kw)
+        self.cursors = [axes.axvline(1, color="grey", linestyle=":", **kw) for axes in (self.latency, self.throughput)]
+        self.latency.set(xlabel="batch size", ylabel="seconds per request", xlim=(0.5, max_batch + 0.5))
+        self.throughput.set(xlabel="batch size", ylabel="output tokens/s (batch)", xlim=(0.5, max_batch + 0.5))
         for axes in (self.latency, self.throughput):
             axes.tick_params(labelsize=8)
             axes.xaxis.label.set_size(8)
@@ -122,11 +128,26 @@ class TimingFigure:
         self.latency.legend(fontsize=7, loc="upper left")
         self.throughput.legend(fontsize=7, loc="upper left")
         self.canvas.figure.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.97, wspace=0.32)
-        self.canvas.refresh()
+        self._backgrounds: dict[tuple[float, float], Any] = {}
+
+    def redraw(self, limits: tuple[float, float]) -> None:
+        """Restore the background for these y limits (drawing it the first time), draw the moving artists."""
+        agg = self.canvas.agg
+        self.latency.set_ylim(0, limits[0])
+        self.throughput.set_ylim(0, limits[1])
+        if limits not in self._backgrounds:
+            agg.draw()
+            self._backgrounds[limits] = agg.copy_from_bbox(self.canvas.figure.bbox)
+        agg.restore_region(self._backgrounds[limits])
+        for artist in (self.e2e_line, self.ttft_line, self.e2e_dots, self.ttft_dots, self.cursors[0]):
+            self.latency.draw_artist(artist)
+        for artist in (self.tput_line, self.tput_dots, self.cursors[1]):
+            self.throughput.draw_artist(artist)
+        self.canvas.image.value = self.canvas.png_as_drawn()
 
 
 def render(figure: TimingFigure, view: TimingView) -> None:
-    """Move the curves, the measured markers and the batch cursor; rescale the y axes; refresh the image."""
+    """Move the curves, the measured markers and the batch cursor; snap the y limits; refresh the image."""
     xs = view.batch_sizes
     figure.e2e_line.set_data(xs, view.e2e_curve_s)
     figure.ttft_line.set_data(xs, view.ttft_curve_s)
@@ -139,9 +160,7 @@ def render(figure: TimingFigure, view: TimingView) -> None:
         cursor.set_xdata([view.batch_size, view.batch_size])
     top_latency = max([*view.e2e_curve_s, *(m.e2e_s for m in measured)])
     top_tput = max([*view.throughput_curve, *(m.tokens_per_s for m in measured)])
-    figure.latency.set(xlim=(0.5, xs[-1] + 0.5), ylim=(0, top_latency * 1.1))
-    figure.throughput.set(xlim=(0.5, xs[-1] + 0.5), ylim=(0, top_tput * 1.1))
-    figure.canvas.refresh()
+    figure.redraw((layout.nice_limit(top_latency * 1.1), layout.nice_limit(top_tput * 1.1)))
 
 
 class TimingExplorer(Explorer):
@@ -164,7 +183,7 @@ class TimingExplorer(Explorer):
                                             layout=layout.full_width()),
         }
         self.text = layout.html_block()
-        self.figure = TimingFigure()
+        self.figure = TimingFigure(max_batch)
         self.canvas = self.figure.canvas
         for control in self.controls.values():
             control.observe(self.update, names="value")
