@@ -220,3 +220,24 @@ def test_greedy_speculative_equals_greedy_token_for_token(gamma):
     assert calls <= 25
     same, calls_same = sp.greedy_speculative_decode(target, target, [3], 25, gamma)
     assert same == plain and calls_same == math.ceil(25 / (gamma + 1))  # a perfect draft: gamma + 1 per call
+
+
+@given(st.floats(0, 1), st.integers(0, 12), st.floats(0, 1), st.integers(2, 500))
+def test_a_request_without_prefill_and_with_a_one_step_verify_is_the_papers_ratio(alpha, gamma, cost, n_tokens):
+    assert sp.request_speedup(alpha, gamma, cost, n_tokens) == pytest.approx(sp.walltime_improvement(alpha, gamma, cost))
+
+
+@given(st.floats(0.05, 1), st.integers(1, 8), st.floats(0, 0.5), st.floats(0.1, 50))
+def test_a_prefill_both_pay_pulls_the_speedup_toward_one(alpha, gamma, cost, prefill):
+    bare = sp.request_speedup(alpha, gamma, cost, 64)
+    with_prefill = sp.request_speedup(alpha, gamma, cost, 64, prefill_ratio=prefill)
+    assert min(bare, 1.0) - 1e-12 <= with_prefill <= max(bare, 1.0) + 1e-12
+
+
+def test_a_verify_that_costs_more_than_a_step_lowers_the_speedup_in_proportion():
+    # Every draft accepted (5 tokens a call), verify 1.6 steps, no prefill: 5 / 1.6.
+    assert sp.request_speedup(1.0, 4, 0.0, 41, verify_ratio=1.6) == pytest.approx(5 / 1.6)
+    with pytest.raises(ValueError, match="verify_ratio must be a real number > 0, got 0"):
+        sp.request_speedup(1.0, 4, 0.0, 41, verify_ratio=0)
+    with pytest.raises(ValueError, match="n_tokens must be an int >= 1, got 0"):
+        sp.request_speedup(1.0, 4, 0.0, 0)

@@ -93,6 +93,30 @@ def walltime_improvement(alpha: float, gamma: int, cost_ratio: float) -> float:
     return expected_tokens_per_call(alpha, gamma) / (gamma * cost_ratio + 1.0)
 
 
+def request_speedup(alpha: float, gamma: int, cost_ratio: float, n_tokens: int, *, verify_ratio: float = 1.0,
+                    prefill_ratio: float = 0.0) -> float:
+    """The closed form applied to a whole request, as a stopwatch measures it (all costs in decode steps).
+
+    Leviathan et al.'s ratio is per decode step and assumes the target scores gamma + 1 tokens in the time of one.
+    A measured request also pays the prefill (``prefill_ratio`` steps) on both sides, and on a CPU scoring
+    gamma + 1 tokens takes longer than one step (``verify_ratio``: a measured verify pass / a measured step).
+    Plain decoding: ``prefill + (n - 1)`` steps; speculative: ``prefill + (n - 1) / E[tokens per call]`` calls of
+    ``gamma c + verify_ratio`` steps each.
+
+    >>> round(request_speedup(0.7, 4, 0.1, 48), 4) == round(walltime_improvement(0.7, 4, 0.1), 4)  # no prefill
+    True
+    >>> round(request_speedup(1.0, 4, 0.0, 41, verify_ratio=1.6, prefill_ratio=3.0), 4)  # 43 / (3 + 40 / 5 x 1.6)
+    2.7215
+    """
+    gamma, cost_ratio = _gamma(gamma), _cost(cost_ratio)
+    n_tokens = validation.integer("n_tokens", n_tokens, min=1)
+    verify_ratio = validation.real("verify_ratio", verify_ratio, min=0, min_open=True)
+    prefill_ratio = validation.real("prefill_ratio", prefill_ratio, min=0)
+    decode_steps = n_tokens - 1
+    calls = decode_steps / expected_tokens_per_call(alpha, gamma)
+    return (prefill_ratio + decode_steps) / (prefill_ratio + calls * (gamma * cost_ratio + verify_ratio))
+
+
 def seed_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
     """The seed's ``analyze_speedup``: the same cost, with the wrong ``alpha * gamma + 1`` tokens per call.
 
