@@ -44,6 +44,36 @@ def test_prompt_lookup_saves_calls_on_a_copy_task_and_matches_transformers(embed
     assert theirs == plain
 
 
+def test_the_prefill_verifies_drafts_proposed_from_the_prompt(embedded, plain):
+    eos = embedded.tokenizer.eos_token_id
+    repeated = embedded.text_ids(PASSAGE + " " + PASSAGE + " The lighthouse keeper climbed")
+    alone, _ = rs.plain_greedy(embedded, repeated, N_NEW, eos)
+    run = rs.speculative_generate(embedded, repeated, N_NEW, rs.PromptLookup(), gamma=4, eos_token_id=eos)
+    assert run.prefill_verified and run.new_token_ids == alone
+    assert run.accepted_per_round[0] == 4  # the prefill accepted all four drafts: five tokens from one call
+    assert run.tokens_per_call == pytest.approx(len(alone) / run.target_calls)
+
+    class AfterThePrefill(rs.PromptLookup):
+        drafts_from_prompt = False
+
+    later = rs.speculative_generate(embedded, repeated, N_NEW, AfterThePrefill(), gamma=4, eos_token_id=eos)
+    assert later.new_token_ids == alone and not later.prefill_verified
+    # Passes of the model in all: 4 against 1 + 3 here (the later rounds fall differently); on the longer copy of
+    # `make bench`, 10 against 11, as many as transformers' assisted generation makes.
+    assert run.target_calls <= later.target_calls + 1
+    sampled = rs.speculative_generate(embedded, repeated, 6, rs.PromptLookup(), gamma=4, temperature=1.0, seed=0)
+    assert sampled.prefill_verified and len(sampled.new_token_ids) == 6
+
+
+def test_forward_can_return_the_last_n_positions(embedded):
+    ids = embedded.text_ids("One two three four five")
+    every = runtime.forward(embedded, ids, positions="all", use_cache=False).logits
+    last3 = runtime.forward(embedded, ids, positions=3, use_cache=False).logits
+    assert last3.shape == (1, 3, every.shape[-1]) and (last3 - every[:, -3:]).abs().max() < 1e-4
+    with pytest.raises(ValueError, match=r"positions must be an int in \[1, 5\] \(the last n positions\), got 6"):
+        runtime.forward(embedded, ids, positions=6)
+
+
 def test_crop_after_verify_leaves_the_cache_as_plain_decoding_would(embedded):
     ids = embedded.text_ids("One two three four five")
     logits, cache = runtime.prefill(embedded, ids[:, :-1])

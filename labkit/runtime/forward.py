@@ -129,13 +129,14 @@ def _check_ids(ids: Any, name: str) -> None:
         raise validation.fail(ValueError, name, "an integer tensor of shape [batch, seq_len] with batch >= 1", ids)
 
 
-def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "last", use_cache: bool = True,
-            device: Any = None, attention_mask: torch.Tensor | None = None,
+def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | int = "last",
+            use_cache: bool = True, device: Any = None, attention_mask: torch.Tensor | None = None,
             position_ids: torch.Tensor | None = None) -> Forward:
     """One forward pass over ``ids`` (``[batch, seq_len]``) after what ``cache`` holds.
 
     ``positions="last"`` returns the next-token logits ``[batch, vocab]`` (the vocabulary projection runs for
-    the last position only when the model allows); ``"all"`` returns every position's ``[batch, seq_len, vocab]``.
+    the last position only when the model allows); ``"all"`` returns every position's ``[batch, seq_len, vocab]``;
+    an int ``n`` the last ``n`` positions' ``[batch, n, vocab]`` (a prefill that also verifies drafts).
     ``cache=None`` starts a new cache; a cache passed in is grown in place and returned. ``use_cache=False``
     keeps no cache (scoring a text in one pass). ``device`` defaults to the model's and, when given, must be it.
     A batch of prompts of different lengths is left-padded: ``attention_mask`` (``[batch, cached + seq_len]``, 1
@@ -144,7 +145,9 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "
     """
     module = module_of(lm)
     _check_ids(ids, "ids")
-    if positions not in POSITIONS:
+    if isinstance(positions, int) and not isinstance(positions, bool):
+        validation.integer("positions", positions, min=1, max=ids.shape[1], note="the last n positions")
+    elif positions not in POSITIONS:
         validation.choice("positions", positions, POSITIONS)
     validation.boolean("use_cache", use_cache)
     if cache is not None and not use_cache:
@@ -162,15 +165,17 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str = "
     if use_cache:
         keyword = "cache" if "cache" in parameters else "past_key_values"
         kwargs[keyword] = cache if cache is not None else _new_cache(module)
-    if positions == "last":
+    if positions != "all":
         keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
         if keep is not None:
-            kwargs[keep] = 1
+            kwargs[keep] = 1 if positions == "last" else positions
     with torch.inference_mode():
         output = module(ids.to(home), **kwargs)
         logits = output.logits  # [batch, seq_len (or 1), vocab]
         if positions == "last":
             logits = logits[:, -1, :]
+        elif positions != "all":
+            logits = logits[:, -positions:, :]
         return Forward(logits.float(), _output_cache(output) if use_cache else None)
 
 

@@ -3,8 +3,9 @@
 The loop: ``runtime.prefill`` runs the prompt; every round a drafter proposes up to ``gamma`` tokens,
 ``runtime.verify`` scores them in one target pass, :func:`labkit.core.speculative.greedy_accept` (or
 :func:`~labkit.core.speculative.speculative_step` when sampling) keeps a prefix and adds one target token, and
-``runtime.crop`` cuts the rejected drafts out of the cache. No forward pass is written here: every pass goes through
-``runtime.forward``.
+``runtime.crop`` cuts the rejected drafts out of the cache. A drafter that needs no model (prompt lookup) proposes
+before the prefill too, and the prefill verifies those drafts in the same pass (transformers' assisted generation
+does the same): one target pass fewer. No forward pass is written here: every pass goes through ``runtime.forward``.
 
 Drafters:
 
@@ -51,6 +52,7 @@ class PromptLookup:
     """
 
     name = "prompt lookup"
+    drafts_from_prompt = True  # needs no model state: it can propose before the prefill
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram = validation.integer("max_ngram", max_ngram, min=1)
@@ -157,7 +159,7 @@ class SpeculativeRun:
     drafter: str
     gamma: int
     new_token_ids: list[int]
-    target_calls: int = 0  # verify passes after the prefill
+    target_calls: int = 0  # verify passes (the prefill too when it verified drafts proposed from the prompt)
     proposed: int = 0  # draft tokens proposed
     examined: int = 0  # drafts the target judged: accepted ones plus the first rejection of each round
     accepted: int = 0
@@ -166,6 +168,7 @@ class SpeculativeRun:
     verify_s: float = 0.0  # wall time of the target's verification passes (device synchronized)
     total_s: float = 0.0
     accepted_per_round: list[int] = field(default_factory=list)
+    prefill_verified: bool = False  # the prefill also verified drafts (prompt lookup): one call saved
 
     @property
     def alpha(self) -> float:
@@ -174,8 +177,9 @@ class SpeculativeRun:
 
     @property
     def tokens_per_call(self) -> float:
-        """Tokens produced per target verification pass (the prefill's first token left out)."""
-        return (len(self.new_token_ids) - 1) / self.target_calls if self.target_calls else 0.0
+        """Tokens produced per target verification pass (a plain prefill's first token left out)."""
+        produced = len(self.new_token_ids) - (0 if self.prefill_verified else 1)
+        return produced / self.target_calls if self.target_calls else 0.0
 
     @property
     def mean_draft_length(self) -> float:
@@ -205,12 +209,27 @@ def speculative_generate(lm: Any, input_ids: torch.Tensor, max_new_tokens: int, 
     started = time.perf_counter()
     with torch.inference_mode():
         drafter.reset(lm, input_ids)
-        logits, cache = prefill(lm, input_ids)
         context = input_ids[0].tolist()
-        token = _choose(logits[0].cpu(), temperature, generator)  # the first token: the target's own
-        new = [token]
+        # A drafter that needs no model (prompt lookup) can already propose what follows the prompt: the prefill
+        # then verifies those drafts too, as transformers' assisted generation does, and saves one target call.
+        drafts = (drafter.propose(context, min(gamma, max_new_tokens - 1))
+                  if getattr(drafter, "drafts_from_prompt", False) else [])
+        if drafts:
+            tick = time.perf_counter()
+            rows, cache = forward(lm, torch.tensor([context + drafts]), positions=len(drafts) + 1)
+            rows = rows[0].cpu()  # [k + 1, vocab]: the prompt's last position, then each draft's
+            synchronize(device)
+            run.verify_s += time.perf_counter() - tick
+            new = _judge(run, rows, drafts, drafter, temperature, generator, eos_token_id)
+            context += drafts[:len(new) - 1]
+            crop(cache, len(context))
+            drafter.accepted(len(context))
+            run.prefill_verified = True
+        else:
+            logits, cache = prefill(lm, input_ids)
+            new = [_choose(logits[0].cpu(), temperature, generator)]  # the first token: the target's own
+        token = new[-1]
         while len(new) < max_new_tokens and (eos_token_id is None or token != eos_token_id):
-            length_before = len(context)  # the cache holds context; `token` is chosen but not fed yet
             tick = time.perf_counter()
             room = min(gamma, max_new_tokens - len(new))
             if temperature > 0 and isinstance(drafter, EarlyExit):
@@ -223,27 +242,35 @@ def speculative_generate(lm: Any, input_ids: torch.Tensor, max_new_tokens: int, 
             rows = rows[0].cpu()  # [k + 1, vocab]
             synchronize(device)
             run.verify_s += time.perf_counter() - tick
-            if temperature == 0:
-                n_accepted, following = greedy_accept(rows, drafts)
-            else:
-                n_accepted, following = _sampled_accept(rows, drafts, drafter, temperature, generator)
-            run.target_calls += 1
-            run.proposed += len(drafts)
-            run.accepted += n_accepted
-            run.examined += n_accepted + (1 if n_accepted < len(drafts) else 0)
-            run.rounds_with_drafts += bool(drafts)
-            run.accepted_per_round.append(n_accepted)
-            context += [token] + drafts[:n_accepted]
-            crop(cache, length_before + 1 + n_accepted)
+            produced = _judge(run, rows, drafts, drafter, temperature, generator, eos_token_id)
+            context += [token] + drafts[:len(produced) - 1]  # the cache holds context; `token` is not fed yet
+            crop(cache, len(context))
             drafter.accepted(len(context))
-            produced = drafts[:n_accepted] + [following]
-            if eos_token_id is not None and eos_token_id in produced:
-                produced = produced[:produced.index(eos_token_id) + 1]
             new += produced
             token = new[-1]
     run.new_token_ids = new[:max_new_tokens]
     run.total_s = time.perf_counter() - started
     return run
+
+
+def _judge(run: SpeculativeRun, rows: torch.Tensor, drafts: list[int], drafter: Any, temperature: float,
+           generator: torch.Generator | None, eos_token_id: int | None) -> list[int]:
+    """One target call's verdict on ``drafts`` (``rows``: its ``[k + 1, vocab]`` logits), counted in ``run``: the
+    tokens it produces, the accepted drafts then the target's own token, cut after an end token."""
+    if temperature == 0:
+        n_accepted, following = greedy_accept(rows, drafts)
+    else:
+        n_accepted, following = _sampled_accept(rows, drafts, drafter, temperature, generator)
+    run.target_calls += 1
+    run.proposed += len(drafts)
+    run.accepted += n_accepted
+    run.examined += n_accepted + (1 if n_accepted < len(drafts) else 0)
+    run.rounds_with_drafts += bool(drafts)
+    run.accepted_per_round.append(n_accepted)
+    produced = drafts[:n_accepted] + [following]
+    if eos_token_id is not None and eos_token_id in produced:
+        produced = produced[:produced.index(eos_token_id) + 1]
+    return produced
 
 
 def _choose(row: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
