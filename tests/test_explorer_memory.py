@@ -106,7 +106,14 @@ def test_the_lab_s_two_figures_plot_what_the_core_returns():
     from labkit.core.memory import kv_cache_bytes
 
     spec = model_preset("Llama-3-8B")
-    figure = kv_context_figure(spec, {"MHA": 32, "GQA": 8}, [256, 1024], capacity_bytes=80 * GB)
+    weights = 16_060_522_496
+    figure = kv_context_figure(spec, {"MHA": 32, "GQA": 8}, [256, 1024], capacity_bytes=80 * GB,
+                               weights_bytes=weights, weights_label="the BF16 weights")
+    card, left = figure.axes[0].lines[2:]
+    assert card.get_ydata()[0] == 80 * GB / GIB and left.get_ydata()[0] == (80 * GB - weights) / GIB
+    assert left.get_label() == "left after the BF16 weights"
+    with pytest.raises(ValueError, match="weights_bytes needs capacity_bytes"):
+        kv_context_figure(spec, {"GQA": 8}, [256], weights_bytes=weights)
     mha = figure.axes[0].lines[0].get_ydata()
     assert mha[1] * GIB == kv_cache_bytes(spec.__class__(**{**spec.__dict__, "n_kv_heads": 32}), 1, 1024)
     stream = request_stream(50, seed=0)

@@ -276,8 +276,12 @@ def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB") -> Memory
 
 
 def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Sequence[int], kv_dtype: str = "bf16",
-                      capacity_bytes: int | None = None) -> Any:
+                      capacity_bytes: int | None = None, weights_bytes: int | None = None,
+                      weights_label: str = "the weights") -> Any:
     """KV-cache GiB of one sequence against context, one line per number of KV heads (MHA, GQA, MQA).
+
+    ``capacity_bytes`` draws the card's size; with ``weights_bytes`` also what is left for the cache once the
+    weights are loaded (the line a cache must stay under).
 
     >>> from labkit.core.presets import model_preset
     >>> figure = kv_context_figure(model_preset("Llama-3-8B"), {"MHA": 32, "MQA": 1}, [256, 512])
@@ -292,8 +296,14 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
         shape = dataclasses.replace(spec, n_kv_heads=n_kv_heads)
         axes.plot(list(contexts), [kv_cache_bytes(shape, 1, t, kv_dtype) / GIB for t in contexts], marker="o",
                   label=label)
+    if weights_bytes is not None and capacity_bytes is None:
+        raise ValueError(f"weights_bytes needs capacity_bytes (what the weights are taken from), got weights_bytes="
+                         f"{weights_bytes!r} and capacity_bytes=None")
     if capacity_bytes is not None:
-        axes.axhline(capacity_bytes / GIB, color="grey", linestyle="--", label=f"{capacity_bytes / GB:g} GB GPU")
+        axes.axhline(capacity_bytes / GIB, color="grey", linestyle=":", label=f"a {capacity_bytes / GB:g} GB card")
+    if weights_bytes is not None:
+        axes.axhline((capacity_bytes - weights_bytes) / GIB, color="grey", linestyle="--",
+                     label=f"left after {weights_label}")
     axes.set(xscale="log", yscale="log", xlabel="cached tokens (one sequence)",
              ylabel=f"KV cache, GiB ({kv_dtype.upper()})", title=f"{spec.name}'s shape: KV bytes against context")
     axes.legend(fontsize=8)
