@@ -300,7 +300,7 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
         raise ValueError(f"weights_bytes needs capacity_bytes (what the weights are taken from), got weights_bytes="
                          f"{weights_bytes!r} and capacity_bytes=None")
     if capacity_bytes is not None:
-        axes.axhline(capacity_bytes / GIB, color="grey", linestyle=":", label=f"a {capacity_bytes / GB:g} GB card")
+        axes.axhline(capacity_bytes / GIB, color="grey", linestyle=":", label=f"the {capacity_bytes / GB:g} GB card")
     if weights_bytes is not None:
         axes.axhline((capacity_bytes - weights_bytes) / GIB, color="grey", linestyle="--",
                      label=f"left after {weights_label}")
