@@ -18,10 +18,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _changes(n_changes: int):
-    from labkit.explorers.memory import ATTENTION, KV_FORMATS, TP_DEGREES, WEIGHT_FORMATS
+    from labkit.explorers.memory import ATTENTION, KV_FORMATS, PREFILL, TP_DEGREES, WEIGHT_FORMATS
 
     cycles = [("log2_seq", range(7, 18)), ("log2_batch", range(0, 11)), ("weight_fmt", WEIGHT_FORMATS),
               ("kv_dtype", KV_FORMATS), ("attention", ATTENTION), ("tp", TP_DEGREES),
+              ("prefill_chunk", [value for _, value in PREFILL]),
               ("model", ["Llama-3-8B", "Llama-3.3-70B", "Mistral-7B", "Qwen3-0.6B", "SmolLM2-135M"]),
               ("gpu", ["A100-80GB", "H100-SXM", "T4", "L4", "H200"])]
     streams = {name: itertools.cycle(values) for name, values in cycles}

@@ -75,13 +75,25 @@ def test_widget_builds_and_answers_every_control():
     explorer = memory_explorer()
     controls, image, text = explorer.controls, explorer.canvas.image, explorer.text
     for name, value in [("model", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
-                        ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2)]:
+                        ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2),
+                        ("prefill_chunk", 8192)]:
         before = (image.value, text.value)
         controls[name].value = value
         assert (image.value, text.value) != before, name
     assert "H_kv 1 (of 1, over 2 GPUs)" in text.value  # MQA over 2 GPUs: the single KV head is copied
     controls["model"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
     assert "impossible setting" in explorer.verdict.value
+
+
+def test_chunked_prefill_turns_the_seed_labs_70b_experiment_into_a_fit():
+    # 16 x 16,384 tokens of Llama-3.3-70B, FP16 cache, on 4 H100s: one-pass prefill needs 41 GiB of activations.
+    setting = dict(batch_size=16, seq_len=16_384, kv_dtype="fp16", tp=4)
+    one_pass = compute("Llama-3.3-70B", "H100-SXM", **setting)
+    chunked = compute("Llama-3.3-70B", "H100-SXM", prefill_chunk=8192, **setting)
+    assert not one_pass.budget.fits and chunked.budget.fits
+    assert chunked.budget.kv_cache_bytes == one_pass.budget.kv_cache_bytes  # only the activations change
+    assert chunked.budget.activations_bytes < one_pass.budget.activations_bytes / 20
+    assert "a chunk of 8,192 tokens" in chunked.steps[2] and "every prompt at once" in one_pass.steps[2]
 
 
 def test_display_carries_the_widget_and_a_picture_of_it():

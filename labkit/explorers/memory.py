@@ -1,7 +1,8 @@
 """The KV-cache explorer (lab 04): does this model, at this batch and context, fit on this GPU?
 
 ``compute`` is pure: a preset model and GPU, the weight and KV formats, batch and context, an attention
-what-if (MHA / GQA / MQA) and a tensor-parallel degree in; a :class:`MemoryView` out, with the per-GPU budget,
+what-if (MHA / GQA / MQA), a tensor-parallel degree and the prefill (one pass, or chunks as vLLM and SGLang run
+it) in; a :class:`MemoryView` out, with the per-GPU budget,
 the largest batch and the longest context that would fit, and the arithmetic with every number substituted.
 ``render`` moves the bars of a figure drawn once; ``memory_explorer`` wires core ipywidgets to both.
 
@@ -30,6 +31,7 @@ ATTENTION = ("as built", "MHA", "GQA", "MQA")
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
 KV_FORMATS = ("fp32", "bf16", "fp8", "int4")
 TP_DEGREES = (1, 2, 4, 8)
+PREFILL = (("one pass", 0), ("chunks of 8,192", 8192))  # tokens per prefill step (0: every prompt at once)
 GROUP_SIZE = 128  # integer weight formats: one scale per 128 weights
 SCALE_BYTES = 2  # each such scale is one FP16 number
 WORKSPACE_FRACTION = 0.1  # of the GPU's memory, kept for everything not modelled (labkit.core.budget)
@@ -81,7 +83,7 @@ def _size(n_bytes: int) -> str:
 
 
 def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: int, seq_len: int, weight_fmt: str,
-           kv_dtype: str, tp: int) -> tuple[str, ...]:
+           kv_dtype: str, tp: int, prefill_chunk: int = 0) -> tuple[str, ...]:
     """The budget's arithmetic as text: every number is one the core returns or one of this module's settings."""
     n_weights = weights_count(spec, tp, layout)
     weights = f"weights: {n_weights:,} params x {bytes_per_value(weight_fmt):g} B"
@@ -96,7 +98,9 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     return (
         f"{weights} = {_size(b.weights_bytes)}",
         f"{kv} = {_size(b.kv_cache_bytes)}",
-        f"activations (estimate: one layer's prefill tensors + FP32 logits) = {_size(b.activations_bytes)}",
+        f"activations (estimate: one layer's prefill tensors for "
+        f"{f'a chunk of {min(prefill_chunk, batch_size * seq_len):,} tokens' if prefill_chunk else 'every prompt at once'}"
+        f" + FP32 logits) = {_size(b.activations_bytes)}",
         f"workspace (estimate: {WORKSPACE_FRACTION:.0%} of the GPU) = {_size(b.workspace_bytes)}",
         f"total = {_size(b.total_bytes)}",
         f"capacity = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB "
@@ -105,8 +109,10 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
 
 
 def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
-            seq_len: int = 4096, attention: str = "as built", tp: int = 1) -> MemoryView:
+            seq_len: int = 4096, attention: str = "as built", tp: int = 1, prefill_chunk: int = 0) -> MemoryView:
     """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in).
+
+    ``prefill_chunk``: tokens per prefill step (0: every prompt in one pass, the largest activation peak).
 
     >>> view = compute("Llama-3-8B", "H100-SXM", batch_size=16, seq_len=4096, kv_dtype="fp16")
     >>> view.budget.kv_cache_bytes == 8 * GIB, view.budget.fits, view.max_batch >= 16
@@ -116,7 +122,7 @@ def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf1
     spec = as_built
     options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
                    group_size=GROUP_SIZE if weight_fmt.startswith("int") else None, scale_bytes=SCALE_BYTES,
-                   workspace_fraction=WORKSPACE_FRACTION)
+                   workspace_fraction=WORKSPACE_FRACTION, prefill_chunk_tokens=prefill_chunk or None)
     try:
         spec = with_attention(as_built, attention)
         b = budget(spec, device, batch_size, seq_len, **options)
@@ -126,7 +132,7 @@ def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf1
         spec=spec, gpu=device, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
         max_batch=max_batch_size(spec, device, seq_len, **options),
         max_seq=max_seq_len(spec, device, batch_size, **options),
-        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp),
+        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk),
     )
 
 
@@ -228,6 +234,7 @@ class MemoryExplorer(Explorer):
             "kv_dtype": toggles(KV_FORMATS, "bf16", "KV cache", 52),
             "attention": toggles(ATTENTION, "as built", "attention", 68),
             "tp": toggles(TP_DEGREES, 1, "GPUs (TP)", 52),
+            "prefill_chunk": toggles(PREFILL, 0, "prefill", 130),
             "log2_batch": widgets.IntSlider(value=4, min=0, max=10, description="log2 batch", style=style,
                                             layout=layout.full_width()),
             "log2_seq": widgets.IntSlider(value=12, min=7, max=17, description="log2 context", style=style,
@@ -247,7 +254,8 @@ class MemoryExplorer(Explorer):
                                                            max_width="100%", flex="0 1 auto"))
         self.widget = widgets.VBox([
             layout.row([layout.column([c["model"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
-                                       c["tp"], c["log2_batch"], c["log2_seq"], self.sizes], self.column_width),
+                                       c["tp"], c["prefill_chunk"], c["log2_batch"], c["log2_seq"], self.sizes],
+                                      self.column_width),
                         figure_column]),
             self.text,
         ])
