@@ -278,7 +278,7 @@ OUTPUT_TOKENS = 8
 
 def decode_calls_for_eight_tokens() -> int:
     """Forward calls after the prefill to choose 8 tokens: the prefill's logits choose the first (eq. 8.1's n - 1)."""
-    return len(range(1, OUTPUT_TOKENS))
+    return OUTPUT_TOKENS - 1
 
 
 PREDICT_CALLS = register(prediction(

@@ -8,8 +8,10 @@ artists are updated in place by an explorer's ``render``, and :meth:`FigureCanva
 from __future__ import annotations
 
 import io
+from typing import Iterable
 
 import ipywidgets as widgets
+from matplotlib.artist import Artist
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -36,6 +38,7 @@ class FigureCanvas:
         self.figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout=layout)
         self._agg = FigureCanvasAgg(self.figure)
         self.image = widgets.Image(format="png")
+        self._backgrounds: dict = {}  # blit(): key -> the figure drawn without its animated artists
 
     @property
     def pixel_size(self) -> tuple[int, int]:
@@ -63,6 +66,25 @@ class FigureCanvas:
         Image.frombuffer("RGBA", self._agg.get_width_height(), self._agg.buffer_rgba(), "raw", "RGBA", 0, 1).save(
             buffer, format="png", compress_level=1)
         return buffer.getvalue()
+
+    def blit(self, key: object, artists: Iterable[Artist]) -> None:
+        """Show the figure with only ``artists`` redrawn, over a cached background, then encode it.
+
+        The background is everything not animated, drawn once per ``key``: the key names what the static parts
+        depend on (axis limits, a tensor's shape), so an explorer that snaps its limits to a few values keeps a
+        few backgrounds and a move costs a restore, a few artists and a fast PNG encoding.
+        """
+        if key not in self._backgrounds:
+            self._agg.draw()
+            self._backgrounds[key] = self._agg.copy_from_bbox(self.figure.bbox)
+        self._agg.restore_region(self._backgrounds[key])
+        for artist in artists:
+            artist.axes.draw_artist(artist)
+        self.image.value = self.png_as_drawn()
+
+    def forget_backgrounds(self) -> None:
+        """Drop the cached backgrounds (after a change no key names, such as new tick labels)."""
+        self._backgrounds.clear()
 
     def snapshot_png(self) -> bytes:
         """The image as it stands, re-encoded small (the picture a static view of the notebook shows)."""

@@ -16,6 +16,7 @@ zeroed where they appear (:mod:`labkit.runtime.massive`, Sun et al. 2024): what 
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from dataclasses import dataclass
 from typing import Any
@@ -61,13 +62,10 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
     ``zero_massive_at``: a layer whose output has its massive activations zeroed during the pass (Sun et al.'s
     intervention; :func:`labkit.runtime.massive.replace_massive`).
     """
-    ids = lm.text_ids(prompt)
     if zero_massive_at is not None:
         with massive.replace_massive(lm, zero_massive_at):
-            data = capture_activations(lm, prompt)
-        return OutlierData(data.prompt, data.token_texts, data.activations, data.weight_absmax,
-                           next((i for i, x in enumerate(data.activations[RESIDUAL]) if massive.massive_mask(x).any()),
-                                None), zero_massive_at)
+            return dataclasses.replace(capture_activations(lm, prompt), zeroed_at=zero_massive_at)
+    ids = lm.text_ids(prompt)
     blocks = runtime.layer_names(lm)
     linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in SOURCES.items()
                if source != RESIDUAL}
@@ -83,8 +81,7 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
                                  for name in group]
     weight_absmax[RESIDUAL] = weight_absmax["q/k/v_proj input"]
     texts = tuple(lm.tokenizer.decode([int(i)]) for i in ids[0])
-    first = next((i for i, x in enumerate(activations[RESIDUAL]) if massive.massive_mask(x).any()), None)
-    return OutlierData(prompt, texts, activations, weight_absmax, first)
+    return OutlierData(prompt, texts, activations, weight_absmax, massive.first_massive(activations[RESIDUAL]))
 
 
 @dataclass(frozen=True)
@@ -258,13 +255,12 @@ class OutlierFigure:
         self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
         self.canvas.figure.set_layout_engine("none")
         self._shape: tuple[int, int, int, int] | None = None
-        self._background = None
 
     def set_shape(self, n_tokens: int, n_channels: int, n_inputs: int, n_layers: int) -> None:
         """Axis limits for a tensor's shape (and the Linear input's width); a new shape redraws the background."""
         shape = (n_tokens, n_channels, n_inputs, n_layers)
         if shape != self._shape:
-            self._shape, self._background = shape, None
+            self._shape = shape
             self.image.set_extent((-0.5, n_channels - 0.5, n_tokens - 0.5, -0.5))
             self.heat_axes.set_xlim(-0.5, n_channels - 0.5)
             self.heat_axes.set_ylim(n_tokens - 0.5, -0.5)
@@ -272,18 +268,8 @@ class OutlierFigure:
             self.sqnr_axes.set_xlim(-0.5, n_layers - 0.5)
 
     def redraw(self) -> None:
-        """Restore the background (drawing it when stale), draw the image and lines, encode the pixels."""
-        agg = self.canvas.agg
-        if self._background is None:
-            agg.draw()
-            self._background = agg.copy_from_bbox(self.canvas.figure.bbox)
-        agg.restore_region(self._background)
-        self.heat_axes.draw_artist(self.image)
-        for line in self.lines:
-            self.range_axes.draw_artist(line)
-        for line in (*self.sqnr_lines, self.layer_marker):
-            self.sqnr_axes.draw_artist(line)
-        self.canvas.image.value = self.canvas.png_as_drawn()
+        """Draw the image and lines over the background for this shape, encode the pixels."""
+        self.canvas.blit(self._shape, [self.image, *self.lines, *self.sqnr_lines, self.layer_marker])
 
 
 def render(figure: OutlierFigure, view: OutlierView) -> None:

@@ -141,31 +141,19 @@ class SamplingPlot:
         for bar in self.bars:
             bar.set_animated(True)  # left out of the background, drawn by hand on every update
         self.x_limit = self.X_LIMITS[-1]
-        self._background = None
 
     def set_tokens(self, texts: tuple[str, ...]) -> None:
         """Token texts on the y axis (they change only with the prompt)."""
         self.axes.set_yticks(range(len(texts)), [repr(text) for text in texts], fontsize=8)
-        self._background = None
+        self.canvas.forget_backgrounds()
 
     def set_x_limit(self, largest: float) -> None:
-        limit = next((x for x in self.X_LIMITS if largest <= x), self.X_LIMITS[-1])
-        if limit != self.x_limit:
-            self.x_limit = limit
-            self._background = None
+        self.x_limit = next((x for x in self.X_LIMITS if largest <= x), self.X_LIMITS[-1])
 
     def redraw(self) -> None:
-        """Draw the bars over the background into the image (the background is redrawn when stale)."""
-        figure = self.canvas.figure
-        agg = self.canvas.agg
-        if self._background is None:
-            self.axes.set_xlim(0, self.x_limit)
-            agg.draw()  # layout and everything but the animated bars
-            self._background = agg.copy_from_bbox(figure.bbox)
-        agg.restore_region(self._background)
-        for bar in self.bars:
-            self.axes.draw_artist(bar)
-        self.canvas.image.value = self.canvas.png_as_drawn()
+        """Draw the bars over the background for the current x range into the image."""
+        self.axes.set_xlim(0, self.x_limit)
+        self.canvas.blit(self.x_limit, self.bars)
 
 
 def render(plot: SamplingPlot, view: SamplingView) -> None:

@@ -150,23 +150,13 @@ class SpeculativePlot:
         self.strip_axes.title.set_fontsize(9)
         self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
         self.canvas.figure.set_layout_engine("none")
-        self._backgrounds: dict[tuple[float, float], object] = {}
 
     def redraw(self, limits: tuple[float, float]) -> None:
-        """Restore the background for these y limits (drawing it the first time), draw the animated artists."""
-        agg = self.canvas.agg
+        """Set these y limits and draw the animated artists over their background."""
         self.tokens_axes.set_ylim(0, limits[0])
         self.speed_axes.set_ylim(0, limits[1])
-        if limits not in self._backgrounds:
-            agg.draw()
-            self._backgrounds[limits] = agg.copy_from_bbox(self.canvas.figure.bbox)
-        agg.restore_region(self._backgrounds[limits])
-        for line in (self.paper_line, self.seed_line, self.tokens_marker):
-            self.tokens_axes.draw_artist(line)
-        for line in (self.speed_line, self.best_marker, self.speed_marker, self.measured):
-            self.speed_axes.draw_artist(line)
-        self.strip_axes.draw_artist(self.strip)
-        self.canvas.image.value = self.canvas.png_as_drawn()
+        self.canvas.blit(limits, [self.paper_line, self.seed_line, self.tokens_marker, self.speed_line,
+                                  self.best_marker, self.speed_marker, self.measured, self.strip])
 
 
 def render(plot: SpeculativePlot, view: SpeculativeView,

@@ -128,22 +128,13 @@ class TimingFigure:
         self.latency.legend(fontsize=7, loc="upper left")
         self.throughput.legend(fontsize=7, loc="upper left")
         self.canvas.figure.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.97, wspace=0.32)
-        self._backgrounds: dict[tuple[float, float], Any] = {}
 
     def redraw(self, limits: tuple[float, float]) -> None:
-        """Restore the background for these y limits (drawing it the first time), draw the moving artists."""
-        agg = self.canvas.agg
+        """Set these y limits and draw the moving artists over their background."""
         self.latency.set_ylim(0, limits[0])
         self.throughput.set_ylim(0, limits[1])
-        if limits not in self._backgrounds:
-            agg.draw()
-            self._backgrounds[limits] = agg.copy_from_bbox(self.canvas.figure.bbox)
-        agg.restore_region(self._backgrounds[limits])
-        for artist in (self.e2e_line, self.ttft_line, self.e2e_dots, self.ttft_dots, self.cursors[0]):
-            self.latency.draw_artist(artist)
-        for artist in (self.tput_line, self.tput_dots, self.cursors[1]):
-            self.throughput.draw_artist(artist)
-        self.canvas.image.value = self.canvas.png_as_drawn()
+        self.canvas.blit(limits, [self.e2e_line, self.ttft_line, self.e2e_dots, self.ttft_dots, self.tput_line,
+                                  self.tput_dots, *self.cursors])
 
 
 def render(figure: TimingFigure, view: TimingView) -> None:

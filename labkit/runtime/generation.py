@@ -177,9 +177,9 @@ def _serve_batch(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: in
             if step == 0:
                 logits, cache = forward(model, ids, attention_mask=mask, position_ids=positions, device=device)
             else:
+                positions = positions[:, -1:] + 1  # the new token follows each sequence's last real one
                 logits, cache = forward(model, chosen.unsqueeze(1), cache, attention_mask=mask,
-                                        position_ids=positions[:, -1:] + 1, device=device)
-                positions = positions[:, -1:] + 1
+                                        position_ids=positions, device=device)
             chosen = logits.cpu().argmax(dim=-1)  # greedy, as generate() at T = 0
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
             synchronize(device if device is not None else model_device(model))

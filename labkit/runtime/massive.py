@@ -54,10 +54,14 @@ def residual_stream(lm: Any, token_ids: torch.Tensor) -> list[torch.Tensor]:
     return [seen.only(block)[0].float() for block in blocks]
 
 
+def first_massive(residuals: Sequence[torch.Tensor], ratio: float = RATIO) -> int | None:
+    """Index of the first of the residual streams (one per block, in order) holding a massive entry, or None."""
+    return next((layer for layer, x in enumerate(residuals) if massive_mask(x, ratio).any()), None)
+
+
 def first_massive_layer(lm: Any, token_ids: torch.Tensor, ratio: float = RATIO) -> int | None:
     """The first block whose output holds a massive entry, or None when none does."""
-    return next((layer for layer, x in enumerate(residual_stream(lm, token_ids)) if massive_mask(x, ratio).any()),
-                None)
+    return first_massive(residual_stream(lm, token_ids), ratio)
 
 
 @contextmanager
@@ -125,12 +129,12 @@ def ablate_massive(lm: Any, token_ids: torch.Tensor, calibration: Sequence[torch
     from labkit.runtime.scoring import score_text
 
     validation.tensor("token_ids", token_ids, kind="int", ndim=1, shape="[n_tokens]")
-    ids = token_ids[None]
+    residuals = residual_stream(lm, token_ids[None])  # one pass serves both the layer and its entries
     if layer is None:
-        layer = first_massive_layer(lm, ids, ratio)
+        layer = first_massive(residuals, ratio)
         if layer is None:
             raise ValueError(f"token_ids hold no massive activation (|x| >= {ratio:g} x the median) at any layer")
-    x = residual_stream(lm, ids)[layer]
+    x = residuals[layer]
     chosen = massive_mask(x, ratio)
     entries = tuple((t, c, float(x[t, c])) for t, c in chosen.nonzero().tolist())
     ordinary = (~chosen).flatten().nonzero().flatten()
