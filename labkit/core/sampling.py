@@ -426,6 +426,32 @@ def kept_mass(logits: torch.Tensor, filtered_logits: torch.Tensor) -> torch.Tens
     return (probs * (filtered_logits > -math.inf)).sum(dim=-1)
 
 
+# Two paths that compute the same logits in another order (a copy of the weights, a cache, a batch, another CPU)
+# differ in the last float32 bits: on the embedded model by under 1e-3 in a logit (tests/test_runtime.py). A
+# greedy choice made with a margin at least ten times that cannot flip between them.
+CLEAR_MARGIN = 1e-2
+
+
+def choice_margin(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """How far the chosen token's logit lies above the best other token's: ``[...]`` for logits ``[..., vocab]``.
+
+    Positive where the chosen token is the unique argmax (a greedy choice), and its size says how much float noise
+    the choice survives; zero at a tie, negative where another token scored higher.
+
+    >>> choice_margin(torch.tensor([[1.0, 3.0, 2.5], [4.0, 4.0, 0.0]]), torch.tensor([1, 0]))
+    tensor([0.5000, 0.0000])
+    """
+    validation.tensor("logits", logits, kind="float", shape="[..., vocab]", nonempty=True)
+    validation.tensor("token_ids", token_ids, kind="int")
+    if logits.shape[-1] < 2 or token_ids.shape != logits.shape[:-1]:
+        raise validation.fail(ValueError, "token_ids", f"one id per row of logits {tuple(logits.shape)} (shape "
+                              f"{tuple(logits.shape[:-1])}), with at least two tokens to compare",
+                              tuple(token_ids.shape))
+    chosen = logits.gather(-1, token_ids.unsqueeze(-1))  # [..., 1]
+    others = logits.scatter(-1, token_ids.unsqueeze(-1), -math.inf)
+    return (chosen - others.amax(dim=-1, keepdim=True)).squeeze(-1)
+
+
 def entropy_bits(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy ``-sum p log2 p`` of each row, in bits (zero-probability entries add nothing).
 

@@ -7,7 +7,9 @@ cache, each step costs one token's forward pass instead of the whole prefix's.
 
 Greedy output equals transformers' ``generate(do_sample=False)`` token for token (a test checks it). A seed
 fixes the random stream of sampling, so the same seed gives the same ids on the same machine and library
-versions; :func:`first_divergence` finds where two generations part.
+versions; :func:`first_divergence` finds where two generations part. Two paths (cached and uncached, batched and
+alone, speculative and plain) give the same greedy tokens only where no step is a near-tie: :func:`greedy_margins`
+measures each step's margin so a lab can show it is far above float32 noise.
 
 :func:`generate` runs one batch of prompts of one length. :func:`generate_requests` serves prompts of different
 lengths the way a server batches requests: sorted by length, cut into batches, each left-padded with an
@@ -251,3 +253,24 @@ def first_divergence(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.T
         if x != y:
             return position
     return None if len(left) == len(right) else min(len(left), len(right))
+
+
+def greedy_margins(model: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Tensor, *,
+                   device: Any = None) -> torch.Tensor:
+    """Each generated token's logit margin over the best other token, ``[batch, n_new]``, from one uncached pass.
+
+    ``prompt_ids`` ``[batch, prompt_len]`` and ``new_token_ids`` ``[batch, n_new]`` (no padding). A greedy choice
+    made with a margin above ``sampling.CLEAR_MARGIN`` is the same on any path that computes these logits in
+    another float order (a cache, a batch, a copy of the weights, another CPU); a small or negative margin marks a
+    step where two correct implementations may part.
+    """
+    validation.tensor("prompt_ids", prompt_ids, kind="int", ndim=2, shape="[batch, prompt_len]", nonempty=True)
+    validation.tensor("new_token_ids", new_token_ids, kind="int", ndim=2, shape="[batch, n_new]", nonempty=True)
+    if new_token_ids.shape[0] != prompt_ids.shape[0]:
+        raise validation.fail(ValueError, "new_token_ids", f"one row per prompt ({prompt_ids.shape[0]})",
+                              tuple(new_token_ids.shape))
+    prompt_len, n_new = prompt_ids.shape[1], new_token_ids.shape[1]
+    everything = torch.cat([prompt_ids, new_token_ids.to(prompt_ids.device)], dim=1)
+    logits = full_logits(model, everything, device=device)  # [batch, prompt_len + n_new, vocab]
+    deciding = logits[:, prompt_len - 1 : prompt_len - 1 + n_new]  # the positions that chose each new token
+    return sampling.choice_margin(deciding, new_token_ids.to(deciding.device))
