@@ -119,9 +119,9 @@ def test_kv_reference_gives_the_chapter_figures():
 
 # ----- exercise 4.2: largest_batch with chunked prefill -----
 
-def batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+def batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
                    activation_bytes_per_token, reserve_fraction):
-    capacity = gpu_memory_gb * 10**9
+    capacity = gpu_memory_mib * 2**20
     free = capacity - int(capacity * reserve_fraction) - weights_bytes
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
 
@@ -139,9 +139,9 @@ def batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value,
     return low
 
 
-def closed_form_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+def closed_form_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
                          activation_bytes_per_token, reserve_fraction):
-    free = gpu_memory_gb * 10**9 * (1 - reserve_fraction) - weights_bytes
+    free = gpu_memory_mib * 2**20 * (1 - reserve_fraction) - weights_bytes
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
     if free < per_sequence + min(chunk_tokens, seq_len) * activation_bytes_per_token:
         return 0
@@ -151,78 +151,85 @@ def closed_form_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_
     return int(min(chunk_tokens // seq_len, free // (per_sequence + seq_len * activation_bytes_per_token)))
 
 
-def one_pass(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, 10**12, activation, reserve)
+def one_pass(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, 10**12, activation, reserve)
 
 
-def full_chunk_always(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes - chunk_tokens * activation
+def full_chunk_always(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    free = gpu_memory_mib * 2**20 * (1 - reserve) - weights_bytes - chunk_tokens * activation
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
     return max(0, int(free // per_sequence))
 
 
-def chunk_per_sequence(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def chunk_per_sequence(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                        reserve):
     in_flight = min(chunk_tokens, seq_len)  # as if each sequence had its own chunk
     per_sequence = 2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
-    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes
+    free = gpu_memory_mib * 2**20 * (1 - reserve) - weights_bytes
     return max(0, int(free // (per_sequence + in_flight * activation)))
 
 
-def d_model_width(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def d_model_width(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     wide = dataclasses.replace(spec, n_kv_heads=1, head_dim=spec.d_model)  # the seed's 2 x L x d_model per token
-    return batch_solution(wide, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+    return batch_solution(wide, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                           reserve)
 
 
-def no_activations(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, 0, reserve)
+def no_activations(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, 0, reserve)
 
 
-def no_reserve(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, 0.0)
+def no_reserve(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, 0.0)
 
 
-def reserve_of_what_is_left(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def reserve_of_what_is_left(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                             reserve):
-    left = gpu_memory_gb * 10**9 - weights_bytes
+    left = gpu_memory_mib * 2**20 - weights_bytes
     used = weights_bytes + int(left * reserve)  # the reserve taken from what the weights leave
-    return batch_solution(spec, gpu_memory_gb, seq_len, used, bytes_per_value, chunk_tokens, activation, 0.0)
+    return batch_solution(spec, gpu_memory_mib, seq_len, used, bytes_per_value, chunk_tokens, activation, 0.0)
 
 
-def gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    extra = round(gpu_memory_gb * (2**30 - 10**9) * (1 - reserve))  # as if the card had GiB
-    return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes - extra, bytes_per_value, chunk_tokens,
+def decimal_mb_memory(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                      reserve):
+    missing = round(gpu_memory_mib * (2**20 - 10**6) * (1 - reserve))  # as if a MiB were 10**6 bytes
+    return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes + missing, bytes_per_value, chunk_tokens,
                           activation, reserve)
 
 
-def ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    return batch_solution(spec, gpu_memory_gb, seq_len, 0, bytes_per_value, chunk_tokens, activation, reserve)
+def gib_read_as_gb(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    missing = round(gpu_memory_mib * (2**20 - 10**9 / 1024) * (1 - reserve))  # MiB / 1024 taken as decimal GB
+    return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes + missing, bytes_per_value, chunk_tokens,
+                          activation, reserve)
 
 
-def query_heads(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def ignores_weights(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return batch_solution(spec, gpu_memory_mib, seq_len, 0, bytes_per_value, chunk_tokens, activation, reserve)
+
+
+def query_heads(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     as_if_mha = dataclasses.replace(spec, n_kv_heads=spec.n_heads)
-    return batch_solution(as_if_mha, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+    return batch_solution(as_if_mha, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                           reserve)
 
 
-def counts_one_too_many(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def counts_one_too_many(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                         reserve):
-    answer = batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+    answer = batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                             reserve)
     return answer + 1 if answer else 0
 
 
-def goes_negative(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    free = gpu_memory_gb * 10**9 * (1 - reserve) - weights_bytes
+def goes_negative(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    free = gpu_memory_mib * 2**20 * (1 - reserve) - weights_bytes
     if free >= 0:
-        return batch_solution(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+        return batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                               reserve)
     return int((free - chunk_tokens * activation) // (2 * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim
                                                       * bytes_per_value))
 
 
-def calls_max_batch_size(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def calls_max_batch_size(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                          reserve):
     return max_batch_size(spec, H100, seq_len, prefill_chunk_tokens=chunk_tokens)
 
@@ -237,7 +244,8 @@ BATCH_ZOO = {
     no_activations: "the activations of a chunk take memory too",
     no_reserve: "keep the reserve",
     reserve_of_what_is_left: "a fraction of the whole GPU",
-    gib_memory: "GB is 10**9 bytes",
+    decimal_mb_memory: "MiB is 2**20 = 1,048,576 bytes",
+    gib_read_as_gb: "is GiB (2**30 bytes), not GB",
     ignores_weights: "subtract weights_bytes",
     query_heads: "use spec.n_kv_heads",
     counts_one_too_many: "one sequence too many",
@@ -259,15 +267,17 @@ def test_every_batch_bug_fails_with_a_pointed_hint(wrong, pointer):
 def test_batch_reference_on_hand_figures():
     llama = LLAMA_8B
     assert ACT_8B == 2 * (2 * 4096 + (32 + 2 * 8) * 128 + 2 * 14_336)  # labkit's estimate, BF16
-    # (80e9 - 8e9 - 16,060,522,496 - 8,192 x 86,016) // (2 x 16,384 x 32 x 8 x 128 x 2 = 2 GiB) = 25
-    assert reference_largest_batch(llama, 80, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 25
-    # a one-pass prefill of the whole batch allows 15; the KV cache alone 26
-    free = 80 * GB - 8 * GB - LLAMA_8B_BF16
-    assert free // (2 * GIB + 16_384 * ACT_8B) == 15 and free // (2 * GIB) == 26
-    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 8800, 2, 40, 100, 0.0) == 10
-    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 8799, 2, 40, 100, 0.0) == 9
-    assert reference_largest_batch(TINY_FREE, 1, 10, 10**9 - 5920, 2, 400, 100, 0.0) == 4
-    assert reference_largest_batch(llama, 16, 1, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 0
+    # An H100 shows 81,559 MiB: (that - its 10% - 16,060,522,496 - 8,192 x 86,016) // (2 GiB per sequence) = 28
+    capacity = 81_559 * 2**20
+    assert capacity == gpu_preset("H100-SXM").memory_bytes
+    assert reference_largest_batch(llama, 81_559, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 28
+    # a one-pass prefill of the whole batch allows 17; the KV cache alone 28
+    free = capacity - int(capacity * 0.1) - LLAMA_8B_BF16
+    assert free // (2 * GIB + 16_384 * ACT_8B) == 17 and free // (2 * GIB) == 28
+    assert reference_largest_batch(TINY_FREE, 1, 10, 2**20 - 8800, 2, 40, 100, 0.0) == 10
+    assert reference_largest_batch(TINY_FREE, 1, 10, 2**20 - 8799, 2, 40, 100, 0.0) == 9
+    assert reference_largest_batch(TINY_FREE, 1, 10, 2**20 - 5920, 2, 400, 100, 0.0) == 4
+    assert reference_largest_batch(llama, 15_360, 8192, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1) == 0  # a T4
 
 
 @settings(max_examples=200, deadline=None)
@@ -284,7 +294,7 @@ def test_batch_reference_is_the_last_batch_whose_budget_fits(seed):
 def test_the_exercise_budget_is_labkits_chunked_budget():
     # With labkit's own activation estimate, the exercise's budget is budget(...) minus the FP32 logits.
     spec, h100 = LLAMA_8B, gpu_preset("H100-SXM")
-    ours = largest_batch_budget(spec, 80, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1, batch_size=20)
+    ours = largest_batch_budget(spec, 81_559, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1, batch_size=20)
     core = budget(spec, h100, 20, 4096, kv_dtype="bf16", prefill_chunk_tokens=8192)
     assert ours.total_bytes == core.total_bytes - 20 * spec.vocab * 4
 

@@ -51,7 +51,7 @@ def test_tensor_parallel_is_per_gpu_and_impossible_splits_are_reported():
 def test_bar_parts_sum_to_the_capacity_when_it_fits():
     view = compute("SmolLM2-135M", "T4", batch_size=8, seq_len=2048)
     parts = bar_parts_gb(view)
-    assert sum(parts) == pytest.approx(16.0) and parts[-1] == view.budget.headroom_bytes / GB
+    assert sum(parts) == pytest.approx(15_360 * 2**20 / GB) and parts[-1] == view.budget.headroom_bytes / GB
     assert verdict_text(view).startswith("FITS: ")
 
 
@@ -86,8 +86,9 @@ def test_widget_builds_and_answers_every_control():
 
 
 def test_chunked_prefill_turns_the_seed_labs_70b_experiment_into_a_fit():
-    # 16 x 16,384 tokens of Llama-3.3-70B, FP16 cache, on 4 H100s: one-pass prefill needs 41 GiB of activations.
-    setting = dict(batch_size=16, seq_len=16_384, kv_dtype="fp16", tp=4)
+    # 16 x 16,384 tokens of Llama-3.3-70B in INT4, FP16 cache, on 2 H100s: a one-pass prefill needs 24.5 GiB of
+    # activations per GPU and does not fit; chunks of 8,192 tokens do.
+    setting = dict(weight_fmt="int4", batch_size=16, seq_len=16_384, kv_dtype="fp16", tp=2)
     one_pass = compute("Llama-3.3-70B", "H100-SXM", **setting)
     chunked = compute("Llama-3.3-70B", "H100-SXM", prefill_chunk=8192, **setting)
     assert not one_pass.budget.fits and chunked.budget.fits
@@ -111,7 +112,8 @@ def test_no_number_in_the_text_is_the_explorer_s_own_arithmetic():
     b = view.budget
     for part in (b.weights_bytes, b.kv_cache_bytes, b.activations_bytes, b.workspace_bytes, b.total_bytes):
         assert f"{part:,} B" in "".join(view.steps)
-    assert "10% of the GPU" in view.steps[3] and b.workspace_bytes == 8 * 10**9
+    assert "10% of the GPU" in view.steps[3] and b.workspace_bytes == 8 * 2**30  # of the A100's 81,920 MiB
+    assert "(nvidia-smi: 81,920 MiB; datasheet: 80 GB HBM2e)" in view.steps[5]
 
 
 def test_the_lab_s_two_figures_plot_what_the_core_returns():
@@ -119,11 +121,11 @@ def test_the_lab_s_two_figures_plot_what_the_core_returns():
 
     spec = model_preset("Llama-3-8B")
     weights = 16_060_522_496
-    figure = kv_context_figure(spec, {"MHA": 32, "GQA": 8}, [256, 1024], capacity_bytes=80 * GB,
+    figure = kv_context_figure(spec, {"MHA": 32, "GQA": 8}, [256, 1024], capacity_bytes=80 * GIB,
                                weights_bytes=weights, weights_label="the BF16 weights")
     card, left = figure.axes[0].lines[2:]
-    assert card.get_ydata()[0] == 80 * GB / GIB and left.get_ydata()[0] == (80 * GB - weights) / GIB
-    assert left.get_label() == "left after the BF16 weights"
+    assert card.get_ydata()[0] == 80 and left.get_ydata()[0] == (80 * GIB - weights) / GIB
+    assert left.get_label() == "left after the BF16 weights" and card.get_label() == "the card: 80 GiB = 85.9 GB"
     with pytest.raises(ValueError, match="weights_bytes needs capacity_bytes"):
         kv_context_figure(spec, {"GQA": 8}, [256], weights_bytes=weights)
     mha = figure.axes[0].lines[0].get_ydata()

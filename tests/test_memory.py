@@ -201,12 +201,19 @@ def test_wrong_layout_for_a_preset_is_caught_when_sharding():
 
 # ----- presets, sparsity -----
 
-def test_gpu_presets_keep_the_vendor_figures():
+def test_gpu_presets_hold_the_driver_reading_and_keep_the_vendor_figures():
     gpus = gpu_presets()
     assert set(gpus) == {"T4", "L4", "A100-40GB", "A100-80GB", "H100-SXM", "H200", "RTX-4090", "RTX-A6000"}
-    assert gpu_preset("h200").memory_bytes == 141 * GB and gpu_preset("H200").bandwidth_bytes_per_s == 4.8e12
+    # nvidia-smi's totals in MiB: HBM cards show (about) whole GiB, so their capacity exceeds the datasheet's GB
+    readings = {"T4": 15_360, "L4": 23_034, "A100-40GB": 40_960, "A100-80GB": 81_920, "H100-SXM": 81_559,
+                "H200": 143_771, "RTX-4090": 24_564, "RTX-A6000": 49_140}
+    assert {name: g.memory_bytes // MIB for name, g in gpus.items()} == readings
+    assert all(g.memory_bytes % MIB == 0 and g.memory_bytes > g.vendor_memory_bytes for g in gpus.values())
+    assert gpu_preset("A100-80GB").memory_bytes == 80 * GIB and gpu_preset("A100-40GB").memory_bytes == 40 * GIB
+    assert gpu_preset("h200").vendor_memory_bytes == 141 * GB and gpu_preset("H200").bandwidth_bytes_per_s == 4.8e12
     assert gpu_preset("A100-80GB").vendor_memory == "80 GB HBM2e"
     assert all(g.source.startswith("https://www.nvidia.com/") for g in gpus.values())
+    assert all("nvidia-smi" in g.memory_source for g in gpus.values())
 
 
 def test_falcon_and_qwen_presets_keep_their_odd_shapes():

@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from labkit.core.spec import GPUSpec
-from labkit.core.memory import GB, GIB, BlockLayout
+from labkit.core.memory import GB, GIB, MIB, BlockLayout
 from labkit.core.resources import load_json
 from labkit.core.spec import ModelSpec
 
@@ -77,19 +77,24 @@ def model_source(name: str) -> str:
 
 
 def gpu_preset(name: str) -> GPUSpec:
-    """A GPU's memory (vendor's figure, read literally) and peak bandwidth by preset name.
+    """A GPU by preset name: its memory as nvidia-smi reports it, the datasheet's figure beside it, peak bandwidth.
 
     >>> t4 = gpu_preset("T4")
-    >>> t4.memory_bytes, t4.bandwidth_bytes_per_s, t4.vendor_memory
-    (16000000000, 320000000000, '16 GB GDDR6')
+    >>> t4.memory_bytes, t4.memory_mib, t4.vendor_memory, t4.vendor_memory_bytes, t4.bandwidth_bytes_per_s
+    (16106127360, 15360.0, '16 GB GDDR6', 16000000000, 320000000000)
+    >>> gpu_preset("A100-80GB").memory_gib
+    80.0
     """
     key, entry = _entry(_load("gpu_presets.json")["gpus"], name, "gpu")
+    vendor_unit = _MEMORY_UNITS[entry["vendor_memory_unit"]]
     return GPUSpec(
         name=key,
-        memory_bytes=entry["memory"] * _MEMORY_UNITS[entry["memory_unit"]],
+        memory_bytes=entry["memory_mib"] * MIB,
         bandwidth_bytes_per_s=entry["bandwidth_gb_per_s"] * GB,
-        vendor_memory=f"{entry['memory']} {entry['memory_unit']} {entry['memory_type']}",
+        vendor_memory=f"{entry['vendor_memory']} {entry['vendor_memory_unit']} {entry['memory_type']}",
         source=entry["source"],
+        vendor_memory_bytes=entry["vendor_memory"] * vendor_unit,
+        memory_source=entry["memory_mib_source"],
     )
 
 

@@ -4,8 +4,8 @@ One vocabulary for the whole workbook (STYLE.md rule 5): ``n_layers, d_model, n_
 vocab``. ``head_dim`` is always read or given explicitly, never assumed to be ``d_model // n_heads``: some
 models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption is wrong for them.
 
-:class:`GPUSpec` stands beside it: a device's memory and bandwidth as its vendor states them (GB and GiB are
-defined once, in ``labkit.core.resources``).
+:class:`GPUSpec` stands beside it: a device's memory as the driver reports it (nvidia-smi's total, in bytes), the
+vendor's printed figure beside it, and its peak bandwidth (GB and GiB are defined once, in ``labkit.core.resources``).
 
 Used by lab 00 (the model card) and the memory and timing labs (presets of real models and GPUs).
 """
@@ -101,20 +101,31 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One GPU's memory and bandwidth as its vendor states them.
+    """One GPU's memory (as the driver reports it) and peak bandwidth (as its vendor states it).
+
+    ``memory_bytes`` is the capacity a program can see: nvidia-smi's total, in MiB (2**20 bytes), times 2**20.
+    A datasheet's "80 GB" is kept apart in ``vendor_memory`` / ``vendor_memory_bytes``: HBM cards expose about
+    80 GiB (85.9 GB) for it, so reading the datasheet as 80 * 10**9 bytes understates them by about 7%.
 
     >>> GPUSpec("invented", memory_bytes=8 * GIB).memory_gib
     8.0
+    >>> a100 = GPUSpec("A100-80GB", memory_bytes=81_920 * 2**20, vendor_memory_bytes=80 * GB)
+    >>> a100.memory_gb, round(a100.memory_bytes / a100.vendor_memory_bytes - 1, 4)
+    (85.89934592, 0.0737)
     """
 
     name: str  # a label for tables
-    memory_bytes: int  # device memory; a vendor's "80 GB" is read literally as 80 * 10**9 bytes
+    memory_bytes: int  # device memory a program sees: nvidia-smi's total (MiB) x 2**20
     bandwidth_bytes_per_s: float | None = None  # peak memory bandwidth (vendors quote decimal GB/s)
     vendor_memory: str = ""  # the figure as printed on the datasheet, e.g. "80 GB HBM2e"
-    source: str = ""  # where the numbers come from
+    source: str = ""  # where the datasheet figures (bandwidth, vendor_memory) come from
+    vendor_memory_bytes: int | None = None  # the datasheet's figure read literally (80 GB = 80 * 10**9 bytes)
+    memory_source: str = ""  # where memory_bytes comes from (an nvidia-smi reading)
 
     def __post_init__(self) -> None:
         integer("memory_bytes", self.memory_bytes, min=1)
+        if self.vendor_memory_bytes is not None:
+            integer("vendor_memory_bytes", self.vendor_memory_bytes, min=1)
 
     @property
     def memory_gib(self) -> float:
@@ -123,3 +134,8 @@ class GPUSpec:
     @property
     def memory_gb(self) -> float:
         return self.memory_bytes / GB
+
+    @property
+    def memory_mib(self) -> float:
+        """The capacity in MiB, as nvidia-smi prints it."""
+        return self.memory_bytes / 2**20

@@ -18,7 +18,7 @@ from labkit.core.course import CHAPTER_8B
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.exercises import register
-from labkit.core.memory import GB, GIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
+from labkit.core.memory import GB, GIB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
 from labkit.core.presets import gpu_preset, model_preset
 from labkit.core.spec import ModelSpec
 
@@ -45,7 +45,7 @@ def reference_kv_cache_gib(spec: ModelSpec, batch_size: int, seq_len: int, bytes
     return to_gib(kv_cache_bytes(spec, batch_size, seq_len, _kv_format(bytes_per_value)))
 
 
-def largest_batch_budget(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weights_bytes: int,
+def largest_batch_budget(spec: ModelSpec, gpu_memory_mib: int, seq_len: int, weights_bytes: int,
                          bytes_per_value: float, chunk_tokens: int, activation_bytes_per_token: int,
                          reserve_fraction: float, batch_size: int) -> MemoryBudget:
     """The GPU's memory at batch_size, part by part: what exercise 4.2 asks to fit.
@@ -53,7 +53,7 @@ def largest_batch_budget(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weig
     The activations of a chunked prefill: at most chunk_tokens tokens are in flight in one forward step, fewer
     when the whole batch holds fewer (labkit.core.budget.activations_bytes's rule, per token given here).
     """
-    capacity = gpu_memory_gb * GB
+    capacity = gpu_memory_mib * MIB  # nvidia-smi's total: MiB of 2**20 bytes
     in_flight = min(chunk_tokens, batch_size * seq_len)
     return MemoryBudget(weights_bytes=weights_bytes,
                         kv_cache_bytes=kv_cache_bytes(spec, batch_size, seq_len, _kv_format(bytes_per_value)),
@@ -61,7 +61,7 @@ def largest_batch_budget(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weig
                         workspace_bytes=workspace_bytes(capacity, reserve_fraction), capacity_bytes=capacity)
 
 
-def reference_largest_batch(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, weights_bytes: int,
+def reference_largest_batch(spec: ModelSpec, gpu_memory_mib: int, seq_len: int, weights_bytes: int,
                             bytes_per_value: float, chunk_tokens: int, activation_bytes_per_token: int,
                             reserve_fraction: float) -> int:
     """labkit's answer: the most sequences whose budget (largest_batch_budget) fits; 0 if not even one.
@@ -69,7 +69,7 @@ def reference_largest_batch(spec: ModelSpec, gpu_memory_gb: int, seq_len: int, w
     The total grows with the batch, so the answer is the last batch that fits: the KV cache grows by one
     sequence's bytes per sequence, the activations by seq_len tokens' until the chunk is full, then not at all.
     """
-    args = (spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation_bytes_per_token,
+    args = (spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation_bytes_per_token,
             reserve_fraction)
     empty = largest_batch_budget(*args, batch_size=0)
     free = empty.headroom_bytes  # capacity - reserve - weights
@@ -110,12 +110,12 @@ def _random_batch_case(generator: torch.Generator) -> Case:
         return options[int(torch.randint(0, len(options), (1,), generator=generator))]
 
     spec = _random_spec(generator)
-    gpu_memory_gb = pick([16, 24, 40, 48, 80, 141])
-    weights = int(torch.randint(0, gpu_memory_gb * 10**9 * 6 // 5, (1,), generator=generator))  # sometimes too big
+    gpu_memory_mib = pick([15_360, 23_034, 24_564, 40_960, 49_140, 81_559, 81_920, 143_771])
+    weights = int(torch.randint(0, gpu_memory_mib * MIB * 6 // 5, (1,), generator=generator))  # sometimes too big
     # short contexts too: a chunk then holds several whole sequences
     seq_len = int(torch.randint(1, 32_769, (1,), generator=generator)) // pick([1, 64])
     activation_per_token = 2 * int(torch.randint(1_000, 200_001, (1,), generator=generator))
-    return Case((spec, gpu_memory_gb, max(seq_len, 1), weights, pick(list(_FORMAT)), pick([512, 2048, 8192, 16_384]),
+    return Case((spec, gpu_memory_mib, max(seq_len, 1), weights, pick(list(_FORMAT)), pick([512, 2048, 8192, 16_384]),
                  activation_per_token, pick([0.0, 0.05, 0.1, 0.25])), label="a random model on a random GPU")
 
 
@@ -206,73 +206,80 @@ def _kv(spec, seq_len, bytes_per_value, kv_heads=None, width=None):
     return 2 * seq_len * spec.n_layers * (width or (kv_heads or spec.n_kv_heads) * spec.head_dim) * bytes_per_value
 
 
-def _free(gpu_memory_gb, weights_bytes, reserve_fraction, unit=GB):
-    return gpu_memory_gb * unit - weights_bytes - int(gpu_memory_gb * unit * reserve_fraction)
+def _free(gpu_memory_mib, weights_bytes, reserve_fraction, unit=MIB):
+    return int(gpu_memory_mib * unit) - weights_bytes - int(int(gpu_memory_mib * unit) * reserve_fraction)
 
 
-def _one_pass(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _one_pass(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     return _wrong_largest(lambda n: n * (_kv(spec, seq_len, bytes_per_value) + seq_len * activation),
-                          _free(gpu_memory_gb, weights_bytes, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve))
 
 
-def _full_chunk_always(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _full_chunk_always(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     return _wrong_largest(lambda n: n * _kv(spec, seq_len, bytes_per_value) + chunk_tokens * activation,
-                          _free(gpu_memory_gb, weights_bytes, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve))
 
 
 def _right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, **kv_options):
     return lambda n: n * _kv(spec, seq_len, bytes_per_value, **kv_options) + min(chunk_tokens, n * seq_len) * activation
 
 
-def _no_activations(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _no_activations(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     return _wrong_largest(lambda n: n * _kv(spec, seq_len, bytes_per_value),
-                          _free(gpu_memory_gb, weights_bytes, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve))
 
 
-def _reserve_of_what_is_left(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def _reserve_of_what_is_left(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                              reserve):
-    left = gpu_memory_gb * GB - weights_bytes
+    left = gpu_memory_mib * MIB - weights_bytes
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
                           left - int(left * reserve))
 
 
-def _no_reserve(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _no_reserve(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
-                          _free(gpu_memory_gb, weights_bytes, 0.0))
+                          _free(gpu_memory_mib, weights_bytes, 0.0))
 
 
-def _gib_memory(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _decimal_mb_memory(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                       reserve):
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
-                          _free(gpu_memory_gb, weights_bytes, reserve, unit=GIB))
+                          _free(gpu_memory_mib, weights_bytes, reserve, unit=10**6))
 
 
-def _ignores_weights(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _gib_read_as_gb(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                    reserve):
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
-                          _free(gpu_memory_gb, 0, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve, unit=GB / 1024))
 
 
-def _query_heads_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def _ignores_weights(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation),
+                          _free(gpu_memory_mib, 0, reserve))
+
+
+def _query_heads_batch(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                        reserve):
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, kv_heads=spec.n_heads),
-                          _free(gpu_memory_gb, weights_bytes, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve))
 
 
-def _d_model_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _d_model_batch(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
     return _wrong_largest(_right_total(spec, seq_len, bytes_per_value, chunk_tokens, activation, width=spec.d_model),
-                          _free(gpu_memory_gb, weights_bytes, reserve))
+                          _free(gpu_memory_mib, weights_bytes, reserve))
 
 
-def _one_too_many(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
-    answer = reference_largest_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+def _one_too_many(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+    answer = reference_largest_batch(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
                                      activation, reserve)
     return answer + 1 if answer else 0  # e.g. rounding the division up, or `while total <= free: n += 1` returning n
 
 
-def _negative_when_too_big(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+def _negative_when_too_big(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
                            reserve):
-    free = _free(gpu_memory_gb, weights_bytes, reserve)
+    free = _free(gpu_memory_mib, weights_bytes, reserve)
     if free >= 0:
-        return reference_largest_batch(spec, gpu_memory_gb, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
+        return reference_largest_batch(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
                                        activation, reserve)
     return int((free - chunk_tokens * activation) // _kv(spec, seq_len, bytes_per_value))
 
@@ -303,30 +310,35 @@ LARGEST_BATCH = register(Exercise(
     rtol=0.0,
     atol=0.0,
     hand_cases=(
-        Case((TINY_FREE, 1, 10, 10**9 - 8800, 2, 40, 100, 0.0),
-             label="8,800 bytes free, 480 per sequence, chunks of 40 tokens of 100 B: exactly 10 sequences "
-                   "(10 x 480 + 40 x 100 = 8,800)"),
-        Case((TINY_FREE, 1, 10, 10**9 - 8799, 2, 40, 100, 0.0), label="one byte less: 9"),
-        Case((TINY_FREE, 1, 10, 10**9 - 5920, 2, 400, 100, 0.0),
+        Case((TINY_FREE, 1, 10, 0, 2, 40, 100, 0.0),
+             label="a 1 MiB card (1,048,576 bytes) and nothing else on it, 480 B of cache per sequence, chunks of 40 "
+                   "tokens of 100 B: (1,048,576 - 40 x 100) // 480 = 2,176"),
+        Case((TINY_FREE, 1, 10, MIB - 8800, 2, 40, 100, 0.0),
+             label="a 1 MiB card with 8,800 bytes free, 480 per sequence, chunks of 40 tokens of 100 B: exactly "
+                   "10 sequences (10 x 480 + 40 x 100 = 8,800)"),
+        Case((TINY_FREE, 1, 10, MIB - 8799, 2, 40, 100, 0.0), label="one byte less: 9"),
+        Case((TINY_FREE, 1, 10, MIB - 5920, 2, 400, 100, 0.0),
              label="5,920 bytes free and chunks of 400 tokens: 4 sequences of 10 tokens fill 40 of them, "
                    "4 x (480 + 10 x 100) = 5,920"),
-        Case((TINY_FREE, 2, 10, 10**9 - 8800, 2, 40, 100, 0.5),
-             label="a 2 GB card with half reserved: the same 8,800 bytes free, 10"),
-        Case((LLAMA_8B, 80, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1),
-             label="Llama-3-8B in BF16 on an 80 GB H100, 16,384 tokens, chunks of 8,192, 10% reserve: 25 "
-                   "(a one-pass prefill of the whole batch would allow 15)"),
-        Case((LLAMA_8B, 80, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1), label="the same at 4,096 tokens: 102"),
-        Case((LLAMA_70B, 40, 4096, LLAMA_70B_INT4, 2, 8192, ACT_70B, 0.1),
-             label="Llama-3.3-70B in INT4 on a 40 GB A100 with a 10% reserve: the weights alone do not fit, 0"),
-        Case((LLAMA_70B, 40, 4096, LLAMA_70B_INT4, 2, 2048, ACT_70B, 0.0),
-             label="the same card with no reserve, chunks of 2,048: 2"),
-        Case((LLAMA_8B, 16, 8192, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1), label="weights larger than the card: 0"),
-        Case((model_preset("Falcon-7B"), 24, 2048, 4 * 10**9, 0.5, 2048, 2 * 4544 * 8, 0.05),
-             label="multi-query Falcon-7B, 4-bit cache, 72,704 B of activations per token: 4,446"),
+        Case((TINY_FREE, 2, 10, MIB - 8800, 2, 40, 100, 0.5),
+             label="a 2 MiB card with half reserved: the same 8,800 bytes free, 10"),
+        Case((LLAMA_8B, 81_559, 16_384, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1),
+             label="Llama-3-8B in BF16 on an H100 (81,559 MiB), 16,384 tokens, chunks of 8,192, 10% reserve: 28 "
+                   "(a one-pass prefill of the whole batch would allow 17)"),
+        Case((LLAMA_8B, 81_559, 4096, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1), label="the same at 4,096 tokens: 112"),
+        Case((LLAMA_70B, 40_960, 4096, LLAMA_70B_INT4, 2, 8192, ACT_70B, 0.1),
+             label="Llama-3.3-70B in INT4 on a 40 GB A100 (40,960 MiB) with a 10% reserve: 1"),
+        Case((LLAMA_70B, 40_960, 4096, LLAMA_70B_INT4, 2, 2048, ACT_70B, 0.0),
+             label="the same card with no reserve, chunks of 2,048: 4"),
+        Case((LLAMA_8B, 15_360, 8192, LLAMA_8B_BF16, 2, 8192, ACT_8B, 0.1),
+             label="Llama-3-8B in BF16 on a T4 (15,360 MiB): the weights and the reserve exceed the card, 0"),
+        Case((model_preset("Falcon-7B"), 24_564, 2048, 4 * 10**9, 0.5, 2048, 2 * 4544 * 8, 0.05),
+             label="multi-query Falcon-7B on an RTX 4090 (24,564 MiB), 4-bit cache, 72,704 B of activations per "
+                   "token: 4,844"),
     ),
     random_case=_random_batch_case,
-    hints=("free = gpu_memory_gb x 10**9 - weights_bytes - reserve_fraction x gpu_memory_gb x 10**9; a batch of n "
-           "needs n x (one sequence's KV bytes) + min(chunk_tokens, n x seq_len) x activation_bytes_per_token; "
+    hints=("GPU bytes = gpu_memory_mib x 2**20; free = GPU bytes - weights_bytes - floor(reserve_fraction x GPU "
+           "bytes); a batch of n needs n x (one sequence's KV bytes) + min(chunk_tokens, n x seq_len) x activation_bytes_per_token; "
            "return the largest n that fits, 0 if none",),
     mistakes=(
         Mistake("a chunked prefill holds at most chunk_tokens tokens of the whole batch in one step: the activations "
@@ -336,10 +348,14 @@ LARGEST_BATCH = register(Exercise(
                 "min(chunk_tokens, n x seq_len), not always a full chunk", _full_chunk_always),
         Mistake("the activations of a chunk take memory too: add min(chunk_tokens, n x seq_len) x "
                 "activation_bytes_per_token", _no_activations),
-        Mistake("the reserve is a fraction of the whole GPU (gpu_memory_gb x 10**9), not of what the weights leave",
+        Mistake("the reserve is a fraction of the whole GPU (gpu_memory_mib x 2**20), not of what the weights leave",
                 _reserve_of_what_is_left),
         Mistake("keep the reserve: reserve_fraction x the GPU's bytes is not available to the model", _no_reserve),
-        Mistake("a datasheet's GB is 10**9 bytes; multiplying by 2**30 invents 7% more memory", _gib_memory),
+        Mistake("nvidia-smi's MiB is 2**20 = 1,048,576 bytes; multiplying by 10**6 loses 4.6% of the card",
+                _decimal_mb_memory),
+        Mistake("gpu_memory_mib / 1024 is GiB (2**30 bytes), not GB: read as 10**9-byte GB, the card loses 7% of "
+                "its bytes",
+                _gib_read_as_gb),
         Mistake("the weights are already in the GPU: subtract weights_bytes", _ignores_weights),
         Mistake("use spec.n_kv_heads: only the key/value heads are cached", _query_heads_batch),
         Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the seed lab's formula)",

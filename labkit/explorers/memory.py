@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from labkit.core.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
-from labkit.core.memory import GB, GIB, BlockLayout, bytes_per_value, kv_cache_bytes, kv_heads_per_rank, weights_count
+from labkit.core.memory import GB, GIB, MIB, BlockLayout, bytes_per_value, kv_cache_bytes, kv_heads_per_rank, weights_count
 from labkit.core.paging import AllocationReport
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
@@ -83,7 +83,7 @@ def _size(n_bytes: int) -> str:
 
 
 def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: int, seq_len: int, weight_fmt: str,
-           kv_dtype: str, tp: int, prefill_chunk: int = 0) -> tuple[str, ...]:
+           kv_dtype: str, tp: int, prefill_chunk: int = 0, gpu: GPUSpec | None = None) -> tuple[str, ...]:
     """The budget's arithmetic as text: every number is one the core returns or one of this module's settings."""
     n_weights = weights_count(spec, tp, layout)
     weights = f"weights: {n_weights:,} params x {bytes_per_value(weight_fmt):g} B"
@@ -92,6 +92,9 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     if tp > 1:
         weights = weights.replace("params", f"params on this GPU (1/{tp} of each matrix, norms copied)")
     kv_heads = kv_heads_per_rank(spec, tp)
+    datasheet = ""  # a preset's capacity is nvidia-smi's reading; the datasheet prints a rounder figure
+    if gpu is not None and gpu.vendor_memory:
+        datasheet = f" (nvidia-smi: {b.capacity_bytes / MIB:,.0f} MiB; datasheet: {gpu.vendor_memory})"
     kv = (f"KV cache (eq. 8.3): 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
           f"{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x d_h {spec.head_dim} x "
           f"{bytes_per_value(kv_dtype):g} B")
@@ -103,8 +106,7 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
         f" + FP32 logits) = {_size(b.activations_bytes)}",
         f"workspace (estimate: {WORKSPACE_FRACTION:.0%} of the GPU) = {_size(b.workspace_bytes)}",
         f"total = {_size(b.total_bytes)}",
-        f"capacity = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB "
-        f"= {b.headroom_bytes / GIB:,.2f} GiB",
+        f"capacity{datasheet} = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB = {b.headroom_bytes / GIB:,.2f} GiB",
     )
 
 
@@ -132,7 +134,7 @@ def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf1
         spec=spec, gpu=device, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
         max_batch=max_batch_size(spec, device, seq_len, **options),
         max_seq=max_seq_len(spec, device, batch_size, **options),
-        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk),
+        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk, device),
     )
 
 
@@ -150,8 +152,8 @@ def verdict_text(view: MemoryView) -> str:
     if view.budget is None:
         return f"impossible setting: {view.error}"
     b, per = view.budget, f" per GPU (x{view.tp})" if view.tp > 1 else ""
-    head = (f"FITS{per}: {b.total_gb:,.1f} of {b.capacity_gb:,.0f} GB" if b.fits else
-            f"DOES NOT FIT{per}: needs {b.total_gb:,.1f} GB, has {b.capacity_gb:,.0f} GB")
+    head = (f"FITS{per}: {b.total_gb:,.1f} of {b.capacity_gb:,.1f} GB" if b.fits else
+            f"DOES NOT FIT{per}: needs {b.total_gb:,.1f} GB, has {b.capacity_gb:,.1f} GB")
     return (f"{head}. Largest batch at {view.seq_len:,} tokens: {view.max_batch:,}; "
             f"longest context at batch {view.batch_size:,}: {view.max_seq:,} tokens")
 
@@ -166,7 +168,8 @@ class MemoryFigure:
                      for p, c in zip(PARTS, COLOURS)]
         self.capacity = self.axes.axvline(1.0, color="#c0392b", linewidth=2)
         self.axes.set_yticks([])
-        self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory", fontsize=8)
+        self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory as nvidia-smi reports it",
+                             fontsize=8)
         self.axes.tick_params(labelsize=8)
         # Text is what costs time to draw, so the key is HTML (legend_html) and the margins are fixed: room on
         # the right for half of a tick label at the axis end, which the x range moves on every update.
@@ -308,7 +311,8 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
         raise ValueError(f"weights_bytes needs capacity_bytes (what the weights are taken from), got weights_bytes="
                          f"{weights_bytes!r} and capacity_bytes=None")
     if capacity_bytes is not None:
-        axes.axhline(capacity_bytes / GIB, color="grey", linestyle=":", label=f"the {capacity_bytes / GB:g} GB card")
+        axes.axhline(capacity_bytes / GIB, color="grey", linestyle=":",
+                     label=f"the card: {capacity_bytes / GIB:.4g} GiB = {capacity_bytes / GB:.4g} GB")
     if weights_bytes is not None:
         axes.axhline((capacity_bytes - weights_bytes) / GIB, color="grey", linestyle="--",
                      label=f"left after {weights_label}")
