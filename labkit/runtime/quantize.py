@@ -11,8 +11,11 @@ embedding and the tied output matrix stay as loaded (quantizing the output head 
 they share). Activations are quantized dynamically (the scales come from each call's own input); SmoothQuant's
 per-channel scales come from a calibration pass of the *shared* model over ``calibration_ids``.
 
-Used by lab 03 (the perplexity table). Left out: static activation scales, KV-cache quantization, real integer
-kernels.
+:func:`linear_inputs` captures one Linear's input over a text (GPTQ's calibration and held-out inputs), stopping
+the pass at that Linear.
+
+Used by lab 03 (the perplexity table, GPTQ's calibration). Left out: static activation scales, KV-cache
+quantization, real integer kernels.
 """
 
 from __future__ import annotations
@@ -124,6 +127,44 @@ def input_absmax(lm: Any, token_ids: torch.Tensor, names: list[str]) -> dict[str
         forward(lm, token_ids, use_cache=False)
     return {name: torch.stack([t.reshape(-1, t.shape[-1]).abs().amax(dim=0) for t in seen[name]]).amax(dim=0)
             for name in names}
+
+
+class _Reached(Exception):
+    """Raised by :func:`linear_inputs`' hook to end a pass once the Linear it wants has been called."""
+
+
+def linear_inputs(lm: Any, name: str, token_ids: torch.Tensor) -> torch.Tensor:
+    """The input of the Linear ``name`` over one pass on ``token_ids`` ``[n]``: ``[n, in]`` float32 on the CPU.
+
+    The pass stops when that Linear is reached (nothing later can change its input), so capturing layer 3's
+    q_proj input costs about 4 of the embedded model's 30 blocks. The model is left as it was: no cache, and the
+    hook is removed also when the pass is cut short.
+    """
+    from labkit.runtime.forward import forward
+
+    ids = torch.as_tensor(token_ids)
+    if ids.ndim != 1 or ids.is_floating_point() or ids.numel() == 0:
+        raise fail(ValueError, "token_ids", "a non-empty 1-D tensor of integer token ids [n]", token_ids)
+    modules = dict(module_of(lm).named_modules())
+    if not isinstance(modules.get(name), torch.nn.Linear):
+        raise fail(ValueError, "name", "the name of a torch.nn.Linear of the model (decoder_linear_names(lm))", name)
+    seen: list[torch.Tensor] = []
+
+    def stop(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        with torch.inference_mode(False):  # a plain tensor the caller may edit, not an inference tensor
+            seen.append(args[0].detach().to("cpu", dtype=torch.float32, copy=True))
+        raise _Reached
+
+    handle = modules[name].register_forward_pre_hook(stop)
+    try:
+        forward(lm, ids[None], use_cache=False)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if not seen:
+        raise ValueError(f"{name} was not called by a forward pass")
+    return seen[0].reshape(-1, seen[0].shape[-1])
 
 
 def quantize_linear(linear: torch.nn.Linear, weights: WeightScheme | None, activations: ActivationScheme | None,
