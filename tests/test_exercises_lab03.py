@@ -109,6 +109,7 @@ def test_forbidden_torch_kernel_is_reported():
 
 def test_prediction_within_a_factor_of_two(embedded):
     truth = PREDICT.reference()
+    assert 1 <= truth <= 3  # the q/k/v_proj input at layer 15: channel 247 (the residual stream: over 500)
     assert check_function(PREDICT, lambda: truth * 0.6).status == "passed"
     assert check_function(PREDICT, lambda: 5).status == "failed"
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from labkit.core.quantization import fake_quantize, relative_error
-from labkit.explorers.outliers import RESIDUAL, SOURCES, capture_activations, compute, massive_activations, outlier_explorer
+from labkit.explorers.outliers import (LINEAR_INPUTS, RESIDUAL, SOURCES, capture_activations, compute, input_maxima,
+                                      massive_activations, numbers_html, outlier_explorer)
 
 PROMPT = "The Eiffel Tower is in Paris."
 
@@ -82,3 +83,17 @@ def test_the_toggle_shows_the_model_with_its_massive_activations_zeroed(embedded
     assert explorer.canvas.image.value != image
     explorer.controls["massive"].value = False
     assert explorer.view.tensor.largest == before.largest
+
+
+def test_input_maxima_per_linear_kind_and_the_culprit_at_layer_11(data):
+    maxima = input_maxima(data, [3, 11])
+    assert list(maxima) == [*LINEAR_INPUTS, RESIDUAL]
+    assert maxima["down_proj input"][1] == float(data.activations["down_proj input"][11].abs().max())
+    # The MLP that writes the massive activation reads a massive input; RMSNorm keeps q/k/v's input small.
+    assert maxima["down_proj input"][1] > 1000 > 10 > maxima["q/k/v_proj input"][1]
+    assert maxima[RESIDUAL][1] > 10_000
+
+
+def test_the_residual_stream_is_labelled_as_no_linears_input(data):
+    assert "No Linear reads this tensor" in numbers_html(compute(data, 15, RESIDUAL))
+    assert "No Linear reads" not in numbers_html(compute(data, 15, "down_proj input"))

@@ -9,8 +9,10 @@ benchmarks outliers`` prints p50/p95 of a move.
 What it shows: |activation| on a log colour scale; how many channels reach the LLM.int8() threshold; the
 reconstruction error of that tensor under per-tensor INT8, per-token INT8 and "outlier channels kept in float";
 SmoothQuant's migration at strength alpha (per-channel max |X_j| and max |W_j| before and after); and the SQNR
-of the three INT8 schemes at every layer. For the residual stream, SmoothQuant is shown on the tensor it would act
-on: the normalized residual entering q/k/v_proj. A toggle runs the prompt again with the massive activations
+of the three INT8 schemes at every layer. LLM.int8(), SmoothQuant and W8A8 act on the inputs of the Linear layers
+(after RMSNorm); the residual stream, which no Linear reads, is shown because the massive activations live there,
+and its numbers say so. For it, SmoothQuant is shown on the tensor it would act on: the normalized residual
+entering q/k/v_proj. :func:`input_maxima` gives the largest |x| of every tensor at chosen layers. A toggle runs the prompt again with the massive activations
 zeroed where they appear (:mod:`labkit.runtime.massive`, Sun et al. 2024): what every later layer then computes.
 """
 
@@ -37,6 +39,7 @@ RESIDUAL = "residual stream"
 # What the visualizer can show -> the Linear whose input it is (k/v share q's input, up shares gate's).
 SOURCES = {RESIDUAL: "self_attn.q_proj", "q/k/v_proj input": "self_attn.q_proj", "o_proj input": "self_attn.o_proj",
            "gate/up_proj input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
+LINEAR_INPUTS = tuple(source for source in SOURCES if source != RESIDUAL)  # what W8A8 and LLM.int8() quantize
 N_LISTED = 5
 
 
@@ -82,6 +85,14 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
     weight_absmax[RESIDUAL] = weight_absmax["q/k/v_proj input"]
     texts = tuple(lm.tokenizer.decode([int(i)]) for i in ids[0])
     return OutlierData(prompt, texts, activations, weight_absmax, massive.first_massive(activations[RESIDUAL]))
+
+
+def input_maxima(data: OutlierData, layers: Any) -> dict[str, list[float]]:
+    """The largest |x| of each tensor the visualizer holds, at each of ``layers``: ``{source: [max |x| per layer]}``,
+    the Linear inputs first, then the residual stream (no Linear's input, for comparison)."""
+    layers = [int(layer) for layer in layers]
+    return {source: [float(data.activations[source][layer].abs().max()) for layer in layers]
+            for source in (*LINEAR_INPUTS, RESIDUAL)}
 
 
 @dataclass(frozen=True)
@@ -309,13 +320,18 @@ def numbers_html(view: OutlierView, data: OutlierData | None = None) -> str:
     rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{err:.4f}</td><td>{snr:.1f}</td></tr>"
                    for name, (err, snr) in errors.items())
     (act_before, act_after), (w_before, w_after) = sm.act_range, sm.weight_range
+    residual = t.source == RESIDUAL
+    note = ("<br><i>No Linear reads this tensor (each reads it after RMSNorm): the threshold and INT8 rows show "
+            "what they would do to it. W8A8 and LLM.int8() quantize the Linear inputs (menu <b>tensor</b>).</i>"
+            if residual else "")
+    linear = "q/k/v_proj's input (the normalized residual)" if residual else "the Linear's input"
     return (f'<div style="font-size:12px">{intervention_html(data) if data else ""}'
             f"<b>layer {t.layer}, {html.escape(t.source)}</b>: "
             f"largest |x| {t.largest:,.1f}; median |x| {t.median:.3f}; ratio {t.largest / max(t.median, 1e-12):,.0f}x"
-            f"<br><b>largest channels</b>: {channels}<br><b>largest tokens</b>: {tokens}<br>"
+            f"{note}<br><b>largest channels</b>: {channels}<br><b>largest tokens</b>: {tokens}<br>"
             f"<b>{len(th.outlier_channels)}</b> channel(s) reach |x| &ge; {th.threshold:g}: {shown}<br>"
             f'<table style="font-size:12px"><tr><th>scheme</th><th>||x - x&#770;|| / ||x||</th><th>SQNR dB</th></tr>'
-            f"{rows}</table>SmoothQuant (alpha {sm.alpha:.2f}) on the Linear's input: activation max "
+            f"{rows}</table>SmoothQuant (alpha {sm.alpha:.2f}) on {linear}: activation max "
             f"{act_before.max():,.1f} &rarr; {act_after.max():,.1f}, weight max {w_before.max():.3f} &rarr; "
             f"{w_after.max():.3f}</div>")
 
