@@ -1,4 +1,15 @@
-"""Shared test set-up: no network for anything the tests start, and a thread count per notebook kernel."""
+"""Shared test set-up: no network for anything the tests start, and a thread count per notebook kernel.
+
+The rule for every comparison of floating-point results (in tests, in labkit's own asserts, in checked notebook
+outputs): bitwise equality (``torch.equal``, ``==`` on floats) only for the same operation on the same buffers,
+or for arithmetic that is exact in any order (elementwise ops, maxima, dyadic values). Two model paths — a copy of
+the weights, another layout, batch shape, cache, device or thread count — are compared within a tolerance stated
+from float32's epsilon and the model's depth (``alignment.logits_atol``), or on discrete results (argmax, tokens,
+counts) after checking that every compared greedy step is decided by a margin far above that tolerance
+(``labkit.runtime.generation.greedy_margins``). MKL may pick another kernel for a differently aligned buffer, so
+"equal here" is not "equal on the next machine": a test comparing two model paths runs one of them on
+``alignment.misaligned_model`` / ``misaligned_cache``, so that a test leaning on alignment fails everywhere.
+"""
 
 import os
 import tempfile
