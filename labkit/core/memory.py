@@ -358,7 +358,8 @@ def gpt_neox_tensor_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """Every tensor a GPT-NeoX checkpoint (Pythia) stores, by the name in its file, with its shape.
 
     The names are those transformers 4 saved (Pythia's files on the Hub use them); transformers 5 calls the output
-    matrix lm_head instead of embed_out and renames it when it loads an old file. GPT-NeoX fuses q, k and v into one query_key_value matrix of 3 x d_model rows, has biases on every projection
+    matrix lm_head instead of embed_out and renames it when it loads an old file. GPT-NeoX fuses q, k and v into one
+    query_key_value matrix of 3 x d_model rows, has biases on every projection
     and LayerNorms with weight and bias, and an untied output matrix (embed_out). Full multi-head attention only.
 
     >>> spec = ModelSpec("toy", n_layers=1, d_model=4, n_heads=2, n_kv_heads=2, head_dim=2, vocab=10, d_ff=16)

@@ -173,7 +173,7 @@ KV_CACHE = register(Exercise(
     hints=("2 (keys and values) x batch_size x seq_len x n_layers x n_kv_heads x head_dim x bytes_per_value, "
            "then divide by 2**30",),
     mistakes=(
-        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the seed lab's formula)",
+        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the lab reading's formula)",
                 _d_model_formula),
         Mistake("use spec.n_kv_heads: only the key/value heads are cached, the query heads are not", _query_heads),
         Mistake("use spec.head_dim: it is not always d_model // n_heads (Qwen3-0.6B: 128, not 64)",
@@ -215,7 +215,8 @@ def _one_pass(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chu
                           _free(gpu_memory_mib, weights_bytes, reserve))
 
 
-def _full_chunk_always(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation, reserve):
+def _full_chunk_always(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens, activation,
+                       reserve):
     return _wrong_largest(lambda n: n * _kv(spec, seq_len, bytes_per_value) + chunk_tokens * activation,
                           _free(gpu_memory_mib, weights_bytes, reserve))
 
@@ -338,7 +339,8 @@ LARGEST_BATCH = register(Exercise(
     ),
     random_case=_random_batch_case,
     hints=("GPU bytes = gpu_memory_mib x 2**20; free = GPU bytes - weights_bytes - floor(reserve_fraction x GPU "
-           "bytes); a batch of n needs n x (one sequence's KV bytes) + min(chunk_tokens, n x seq_len) x activation_bytes_per_token; "
+           "bytes); a batch of n needs n x (one sequence's KV bytes) + min(chunk_tokens, n x seq_len) x "
+           "activation_bytes_per_token; "
            "return the largest n that fits, 0 if none",),
     mistakes=(
         Mistake("a chunked prefill holds at most chunk_tokens tokens of the whole batch in one step: the activations "
@@ -358,7 +360,7 @@ LARGEST_BATCH = register(Exercise(
                 _gib_read_as_gb),
         Mistake("the weights are already in the GPU: subtract weights_bytes", _ignores_weights),
         Mistake("use spec.n_kv_heads: only the key/value heads are cached", _query_heads_batch),
-        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the seed lab's formula)",
+        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the lab reading's formula)",
                 _d_model_batch),
         Mistake("one sequence too many: return the last batch that fits, not the first that does not (round down)",
                 _one_too_many),
@@ -408,10 +410,11 @@ def seed_formula_experiment_gib() -> float:
 
 
 COMPUTE_SEED = register(prediction(
-    "04.seed_formula_gib", "Compute: the seed formula's KV cache for its own 70B experiment", "seed_formula_kv_gib",
+    "04.seed_formula_gib", "Compute: the lab reading's formula, its KV cache for its own 70B experiment",
+    "seed_formula_kv_gib",
     seed_formula_experiment_gib, rtol=1e-3,
-    asked="the seed lab's formula, Llama-3-70B (80 layers, d_model 8,192), 16 sequences of 16,384 tokens, FP16",
-    hint="return the number the seed's function would report as kv_cache_gb: 2 x bytes x layers x d_model x "
+    asked="the lab reading's formula, Llama-3-70B (80 layers, d_model 8,192), 16 sequences of 16,384 tokens, FP16",
+    hint="return the number the reading's function would report as kv_cache_gb: 2 x bytes x layers x d_model x "
          "seq_len x batch / 1024**3"))
 
 
@@ -425,7 +428,7 @@ def fewest_h100s_fp16_chunked() -> int:
 
 
 PREDICT_GPUS = register(prediction(
-    "04.predict_h100_count", "Predict: the fewest H100s that serve the seed lab's FP16 experiment",
+    "04.predict_h100_count", "Predict: the fewest H100s that serve the lab reading's FP16 experiment",
     "predicted_h100_count", fewest_h100s_fp16_chunked,
     asked="Llama-3.3-70B in FP16, 16 x 16,384 tokens, FP16 cache, chunks of 8,192 tokens, 10% reserve: 1, 2, 4 or 8",
     hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs"))

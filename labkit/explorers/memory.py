@@ -106,7 +106,8 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
         f" + FP32 logits) = {_size(b.activations_bytes)}",
         f"workspace (estimate: {WORKSPACE_FRACTION:.0%} of the GPU) = {_size(b.workspace_bytes)}",
         f"total = {_size(b.total_bytes)}",
-        f"capacity{datasheet} = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB = {b.headroom_bytes / GIB:,.2f} GiB",
+        f"capacity{datasheet} = {_size(b.capacity_bytes)}; headroom = {b.headroom_bytes / GB:,.2f} GB "
+        f"= {b.headroom_bytes / GIB:,.2f} GiB",
     )
 
 
