@@ -3,10 +3,10 @@ answers every control; the lab's static figures draw."""
 
 import pytest
 
-from labkit.core.timing import LatencyModel
+from labkit.core.timing import LatencyModel, fit_latency
 from labkit.explorers.timing import (
-    MeasuredPoint, TimingFigure, compute, points_from_batches, render, roofline_figure, steps_figure, summary_html,
-    timing_explorer,
+    MeasuredPoint, TimingFigure, compute, fit_table, points_from_batches, render, roofline_figure, steps_figure,
+    summary_html, timing_explorer,
 )
 
 MODEL = LatencyModel(0.02, 0.001, 0.06, 0.004, 1e-6)
@@ -38,7 +38,9 @@ def test_summary_shows_measured_against_predicted_where_measured():
     text = summary_html(compute(MODEL, 32, 16, batch_size=4, measured=MEASURED))
     assert "<b>measured</b>" in text and f"{MODEL.predict(32, 16, 4).e2e_s / 1.4:.2f}" in text
     elsewhere = summary_html(compute(MODEL, 100, 16, measured=MEASURED))
-    assert "measured points exist at prompt 32, 16 new tokens, prompt 64, 8 new tokens" in elsewhere
+    assert "measured points exist at prompt 32, 16 new tokens; prompt 64, 8 new tokens" in elsewhere
+    other_batch = summary_html(compute(MODEL, 32, 16, batch_size=2, measured=MEASURED))
+    assert "measured at this prompt and output length for batches 1, 4" in other_batch
 
 
 def test_render_moves_the_same_artists():
@@ -75,3 +77,35 @@ def test_static_figures_draw():
     figure = roofline_figure(1e11, 1e10, {"decode": (0.5, 2e9), "prefill 64": (30.0, 5e10)})
     assert len(figure.axes[0].collections) == 2 and "ridge at 10.0" in figure.axes[0].get_title()
     assert len(steps_figure([5, 6, 7], [0.3, 0.1, 0.1], [0.3, 0.3, 0.35]).axes[0].lines) == 2
+
+
+FIT = fit_latency([(8, 1, 0.03), (64, 1, 0.08), (512, 1, 0.55)],
+                  [(b, c, MODEL.decode_step_s(b, c)) for b in (1, 3) for c in (16, 256, 1024)])
+
+
+def test_a_fit_marks_where_the_explorer_extrapolates():
+    inside = compute(FIT, 32, 16, batch_size=2)
+    assert inside.prediction == FIT.model.predict(32, 16, 2) and inside.extrapolated == ()
+    assert inside.fitted_batches == (1, 3) and "inside the measured range" in summary_html(inside)
+    outside = compute(FIT, 1000, 100, batch_size=6, max_batch=8)
+    assert outside.extrapolated == ("prefill of 6,000 tokens (6 x 1,000) > 512 measured", "batch 6 > 3 measured",
+                                    "context up to 1,098 tokens > 1,024 measured")
+    assert "<b>extrapolated</b>: prefill of 6,000 tokens" in summary_html(outside)
+    assert compute(MODEL, 1000, 100).extrapolated == ()  # a bare model knows no range
+
+
+def test_the_batches_never_measured_are_shaded():
+    explorer = timing_explorer(FIT, max_batch=8)
+    spans = explorer.figure.outside
+    assert explorer.figure.outside_batches == [(3.5, 8.5)]  # batch 4 and up: the fit measured 1 to 3
+    assert len(spans) == 2 and {span.axes for span in spans} == {explorer.figure.latency, explorer.figure.throughput}
+    assert "not measured" in [t.get_text() for t in explorer.figure.throughput.get_legend().get_texts()]
+    assert timing_explorer(MODEL).figure.outside == []
+
+
+def test_the_fit_table_shows_each_coefficient_with_its_error():
+    text = fit_table(FIT).splitlines()
+    assert text[0] == "prefill (3 points, 8 to 512 prompt tokens):"
+    assert text[3] == "decode step (6 points, batches 1 to 3, 16 to 1,024 cached tokens):"
+    assert text[6].split()[:5] == ["per", "cached", "token", "1.00", "µs"]  # MODEL's 1e-6 s, recovered exactly
+    assert all("±" in line for line in text if line.startswith("  "))

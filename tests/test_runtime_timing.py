@@ -4,9 +4,10 @@ no test here compares a time with a threshold (speed lives in benchmarks/timing.
 import pytest
 import torch
 
+from labkit.core.sampling import CLEAR_MARGIN
 from labkit.core.timing import request_metrics
 from labkit.runtime import timing as rt
-from labkit.runtime.generation import generate
+from labkit.runtime.generation import generate, greedy_margins
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
 TEXTS = ["The capital of France is Paris and", "Once upon a time there was a small dragon",
@@ -60,6 +61,8 @@ def test_repeats_are_summarised_by_median_and_spread(embedded, ids):
 
 def test_cached_and_uncached_logits_agree_on_identical_prefixes(embedded, ids):
     comparison = rt.cached_vs_uncached(embedded, ids, 4, threads=1)
+    # Two paths, one greedy choice each step: only a claim because no step is near a tie on this prompt.
+    assert float(greedy_margins(embedded, ids, comparison.new_token_ids).min()) > CLEAR_MARGIN
     assert comparison.tokens_identical and comparison.steps_compared == 4
     assert all(comparison.argmax_agree)
     assert comparison.max_abs_diff < 1e-3  # float32 reductions in another order: last bits only
@@ -83,6 +86,8 @@ def test_batches_keep_every_request_identical_to_running_it_alone(embedded):
     prompts = rt.same_length_prompts(embedded, TEXTS)
     assert prompts.shape[0] == 3 and prompts.shape[1] == min(embedded.text_ids(t).shape[1] for t in TEXTS)
     points = rt.batching_sweep(embedded, prompts, (1, 3), 3, repeats=1, threads=1)
+    # A batch of 3 and a batch of 1 are different computations: the same tokens because every margin is clear.
+    assert float(greedy_margins(embedded, prompts, points[-1].runs.runs[0].new_token_ids).min()) > CLEAR_MARGIN
     assert [p.batch_size for p in points] == [1, 3] and all(p.same_as_alone for p in points)
     assert all(p.tokens_per_s == pytest.approx(p.batch_size * 3 / p.e2e_s) for p in points)
     with pytest.raises(ValueError, match="batch_size must be an int in \\[1, 3\\] \\(there are 3 prompts\\)"):
@@ -94,10 +99,36 @@ def test_prefill_sweep_and_calibration_fit_nonnegative_lines(embedded):
     sweep = rt.prefill_sweep(embedded, ids, (4, 12), repeats=1, threads=1)
     assert [length for length, _ in sweep] == [4, 12] and all(s > 0 for _, s in sweep)
     points = rt.batching_sweep(embedded, rt.same_length_prompts(embedded, TEXTS), (1, 2), 3, repeats=1, threads=1)
-    model = rt.calibrate(sweep, points)
+    fit = rt.calibrate(sweep, points)
+    model = fit.model
     assert min(model.prefill_fixed_s, model.prefill_per_token_s, model.decode_fixed_s, model.decode_per_sequence_s,
                model.decode_per_cached_token_s) >= 0
     assert model.predict(8, 3).e2e_s > 0
+    # Every decode point sits at the one short context of the batching sweep: the cached-token cost is not
+    # identifiable from them (whatever the times are), and the fit says so.
+    assert fit.decode.n_points == 2 and not fit.decode.identifiable[2]
+    prompt_len = points[0].runs.runs[0].prompt_len
+    assert fit.context_lens == (prompt_len, prompt_len + 1) and fit.batch_sizes == (1, 2)  # 3 tokens: 2 steps
+
+
+def test_a_context_sweep_times_every_pair_from_one_prefill(embedded):
+    ids = embedded.text_ids(" ".join(TEXTS))  # [1, 25]
+    sweep = rt.decode_sweep(embedded, ids, [(1, 4), (2, 4), (1, 20), (2, 20), (3, 12)], steps=2, warmup=1,
+                            threads=1)
+    assert sweep.prefill_len == 20 and sweep.prefill_s > 0 and sweep.threads == 1
+    assert [(p.batch_size, p.context_len) for p in sweep.points] == [(1, 4), (2, 4), (1, 20), (2, 20), (3, 12)]
+    held = sweep.point(3, 12)
+    assert held.step_contexts == (13, 14) and held.median_context == 13.5 and len(held.step_s) == 2
+    assert all(s > 0 for point in sweep.points for s in point.step_s)
+    fitted = sweep.select([(1, 4), (2, 4), (1, 20), (2, 20)])
+    assert len(fitted.points) == 4 and fitted.prefill_s == sweep.prefill_s
+    with pytest.raises(ValueError, match=r"\(batch_size, context_len\) must be one of"):
+        sweep.point(4, 12)
+    fit = rt.calibrate([(4, 0.05)], [], fitted)
+    assert all(fit.decode.identifiable) and fit.decode.n_points == 4
+    assert fit.context_lens == (5, 22) and fit.batch_sizes == (1, 2) and fit.prefill_tokens == (4, 20)
+    with pytest.raises(ValueError, match=r"context_len must be an int in \[1, 24\] \(input_ids must hold one more"):
+        rt.decode_sweep(embedded, ids, [(1, 27)])
 
 
 def test_thread_sweep_holds_each_count(embedded, ids):
@@ -108,5 +139,7 @@ def test_thread_sweep_holds_each_count(embedded, ids):
 def test_transformers_generate_timed_the_same_way_gives_the_same_tokens(embedded, ids):
     metrics, new_ids = rt.transformers_generation(embedded, ids, 4, threads=1)
     assert metrics.n_tokens == 4 and metrics.tpot_s is not None
-    assert torch.equal(new_ids, generate(embedded, ids, 4).new_token_ids)
+    ours = generate(embedded, ids, 4).new_token_ids
+    assert float(greedy_margins(embedded, ids, ours).min()) > CLEAR_MARGIN  # two loops: no near-tie to flip
+    assert torch.equal(new_ids, ours)
     assert request_metrics([metrics.ttft_s], 0.0).ttft_s == metrics.ttft_s

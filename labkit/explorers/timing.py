@@ -2,18 +2,22 @@
 
 The explorer turns a :class:`labkit.core.timing.LatencyModel` calibrated from the learner's own measurements into
 predicted TTFT, TPOT, E2E and throughput for any prompt length, output length and batch size, with the measured
-points laid over the curves where they were measured. The model is fitted once, before the widget exists; a
-slider move runs :func:`compute` (a few dozen multiplications) and :func:`render` (lines moved in place).
+points laid over the curves where they were measured. Given the fit itself (a :class:`~labkit.core.timing.LatencyFit`)
+it also shows where it extrapolates: the batch sizes outside the measured ones are shaded, and the text names every
+prompt length, batch size or context the prediction reads beyond what was measured. The model is fitted once,
+before the widget exists; a slider move runs :func:`compute` (a few dozen multiplications) and :func:`render`
+(lines moved in place).
 """
 
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from labkit.core import validation
-from labkit.core.timing import LatencyModel, LatencyPrediction, attainable_flops_per_s
+from labkit.core.timing import LatencyFit, LatencyModel, LatencyPrediction, attainable_flops_per_s
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
@@ -52,11 +56,15 @@ class TimingView:
     throughput_curve: tuple[float, ...]  # tokens/s
     measured: tuple[MeasuredPoint, ...]  # the measured points at this prompt and output length
     measured_at: tuple[tuple[int, int], ...]  # (prompt_len, output_len) of every measured setting
+    extrapolated: tuple[str, ...] = ()  # what the prediction reads beyond the measured range (a fit given)
+    fitted_batches: tuple[int, int] | None = None  # (smallest, largest) batch measured, when a fit was given
 
 
-def compute(model: LatencyModel, prompt_len: int, output_len: int, batch_size: int = 1,
+def compute(model: LatencyModel | LatencyFit, prompt_len: int, output_len: int, batch_size: int = 1,
             measured: Sequence[MeasuredPoint] = (), max_batch: int = 16) -> TimingView:
     """Predictions at one setting and along the batch axis, and the measurements that match the setting.
+
+    ``model`` is a LatencyModel, or a LatencyFit (its model, and the range it was measured over).
 
     >>> model = LatencyModel(0.01, 0.001, 0.05, 0.005, 0.0)
     >>> view = compute(model, prompt_len=10, output_len=3, batch_size=2, max_batch=4)
@@ -65,7 +73,10 @@ def compute(model: LatencyModel, prompt_len: int, output_len: int, batch_size: i
     >>> [round(x, 1) for x in view.throughput_curve]  # 3b tokens / (0.11 + 0.02 b) s
     [23.1, 40.0, 52.9, 63.2]
     """
-    validation.instance("model", model, LatencyModel, "a labkit.core.timing.LatencyModel")
+    validation.instance("model", model, (LatencyModel, LatencyFit),
+                        "a labkit.core.timing.LatencyModel or LatencyFit")
+    fit = model if isinstance(model, LatencyFit) else None
+    model = fit.model if fit is not None else model
     max_batch = validation.integer("max_batch", max_batch, min=1)
     batch_size = validation.integer("batch_size", batch_size, min=1, max=max_batch)
     predictions = [model.predict(prompt_len, output_len, b) for b in range(1, max_batch + 1)]
@@ -74,7 +85,49 @@ def compute(model: LatencyModel, prompt_len: int, output_len: int, batch_size: i
         prompt_len, output_len, batch_size, predictions[batch_size - 1], tuple(range(1, max_batch + 1)),
         tuple(p.ttft_s for p in predictions), tuple(p.e2e_s for p in predictions),
         tuple(p.tokens_per_s for p in predictions), matching,
-        tuple(sorted({(p.prompt_len, p.output_len) for p in measured})))
+        tuple(sorted({(p.prompt_len, p.output_len) for p in measured})),
+        () if fit is None else fit.extrapolations(prompt_len, output_len, batch_size),
+        None if fit is None else fit.batch_sizes)
+
+
+_TERM_UNITS = {"per cached token": ("µs", 1e6)}  # every other coefficient in ms
+
+
+def _coefficient(name: str, value: float, error: float, identifiable: bool) -> str:
+    unit, scale = _TERM_UNITS.get(name, ("ms", 1e3))
+    if not identifiable:
+        spread = "± inf (not identifiable from these points)"
+    elif math.isnan(error):
+        spread = "± ? (no point left over to estimate it)"
+    else:
+        spread = f"± {error * scale:,.2f}"
+    return f"  {name:<17}{value * scale:>9,.2f} {unit}  {spread}"
+
+
+def fit_table(fit: LatencyFit) -> str:
+    """A calibrated fit as text: every coefficient with its standard error, and the range it was measured over.
+
+    >>> from labkit.core.timing import fit_latency
+    >>> print(fit_table(fit_latency([(8, 1, 0.11), (64, 1, 0.18), (512, 1, 0.76)], [(1, 9, 0.07), (3, 9, 0.08)])))
+    prefill (3 points, 8 to 512 prompt tokens):
+      fixed                99.23 ms  ± 1.03
+      per prompt token      1.28 ms  ± 0.01
+    decode step (2 points, batches 1 to 3, 9 to 9 cached tokens):
+      fixed                65.00 ms  ± ? (no point left over to estimate it)
+      per sequence          5.00 ms  ± inf (not identifiable from these points)
+      per cached token      0.00 µs  ± inf (not identifiable from these points)
+    """
+    validation.instance("fit", fit, LatencyFit, "a labkit.core.timing.LatencyFit")
+    rows = []
+    for label, part, where in [
+        ("prefill", fit.prefill, f"{fit.prefill_tokens[0]:,} to {fit.prefill_tokens[1]:,} prompt tokens"),
+        ("decode step", fit.decode, f"batches {fit.batch_sizes[0]} to {fit.batch_sizes[1]}, "
+                                    f"{fit.context_lens[0]:,.0f} to {fit.context_lens[1]:,.0f} cached tokens"),
+    ]:
+        rows.append(f"{label} ({part.n_points} points, {where}):")
+        rows += [_coefficient(*term) for term in zip(part.names, part.coefficients, part.standard_errors,
+                                                     part.identifiable)]
+    return "\n".join(rows)
 
 
 def _ms(seconds: float | None) -> str:
@@ -93,10 +146,17 @@ def summary_html(view: TimingView) -> str:
         lines.append(f"<b>measured</b>: TTFT {_ms(m.ttft_s)} &middot; TPOT {_ms(m.tpot_s)} &middot; E2E "
                      f"{_ms(m.e2e_s)} &middot; {m.tokens_per_s:,.1f} tokens/s (E2E predicted / measured = "
                      f"{p.e2e_s / m.e2e_s:.2f})")
+    elif view.measured:
+        lines.append(f"measured at this prompt and output length for batches "
+                     f"{', '.join(str(m.batch_size) for m in sorted(view.measured, key=lambda m: m.batch_size))}")
     elif view.measured_at:
-        settings = ", ".join(f"prompt {a}, {b} new tokens" for a, b in view.measured_at)
-        lines.append(f"measured points exist at {html.escape(settings)} (batches "
-                     f"{', '.join(str(m.batch_size) for m in view.measured) or 'other settings'})")
+        settings = "; ".join(f"prompt {a}, {b} new tokens" for a, b in view.measured_at)
+        lines.append(f"measured points exist at {html.escape(settings)}")
+    if view.extrapolated:
+        lines.append('<span style="color:#b35900"><b>extrapolated</b>: '
+                     f"{html.escape('; '.join(view.extrapolated))}: trust this less</span>")
+    elif view.fitted_batches is not None:
+        lines.append("inside the measured range")
     return f'<div style="font-size:12px;line-height:1.5">{"<br>".join(lines)}</div>'
 
 
@@ -108,9 +168,18 @@ class TimingFigure:
     curves, the measured markers and the batch cursor.
     """
 
-    def __init__(self, max_batch: int, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80):
+    def __init__(self, max_batch: int, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80,
+                 fitted_batches: tuple[int, int] | None = None):
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.latency, self.throughput = self.canvas.figure.subplots(1, 2)
+        # The batch sizes the fit never measured, shaded (static: part of the cached background).
+        ends = [] if fitted_batches is None else [(0.5, fitted_batches[0] - 0.5),
+                                                  (fitted_batches[1] + 0.5, max_batch + 0.5)]
+        self.outside_batches = [(low, high) for low, high in ends if high > low]
+        self.outside = [axes.axvspan(low, high, color="#e8e8e8", zorder=0,
+                                     label="not measured" if axes is self.throughput and number == 0 else None)
+                        for axes in (self.latency, self.throughput)
+                        for number, (low, high) in enumerate(self.outside_batches)]
         kw = {"animated": True}
         self.e2e_line, = self.latency.plot([], [], color="#4c72b0", label="E2E (predicted)", **kw)
         self.ttft_line, = self.latency.plot([], [], color="#dd8452", label="TTFT (predicted)", **kw)
@@ -159,7 +228,7 @@ class TimingExplorer(Explorer):
 
     title = "latency explorer"
 
-    def __init__(self, model: LatencyModel, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+    def __init__(self, model: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
                  output_len: int = 16, max_batch: int = 16):
         import ipywidgets as widgets
 
@@ -174,7 +243,8 @@ class TimingExplorer(Explorer):
                                             layout=layout.full_width()),
         }
         self.text = layout.html_block()
-        self.figure = TimingFigure(max_batch)
+        self.figure = TimingFigure(max_batch, fitted_batches=model.batch_sizes if isinstance(model, LatencyFit)
+                                   else None)
         self.canvas = self.figure.canvas
         for control in self.controls.values():
             control.observe(self.update, names="value")
@@ -193,9 +263,9 @@ class TimingExplorer(Explorer):
         self.text.value = summary_html(view)
 
 
-def timing_explorer(model: LatencyModel, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+def timing_explorer(model: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
                     output_len: int = 16, max_batch: int = 16) -> TimingExplorer:
-    """The lab 05 explorer (leave it last in a cell to show it)."""
+    """The lab 05 explorer (leave it last in a cell to show it); a LatencyFit also marks where it extrapolates."""
     return TimingExplorer(model, measured, prompt_len, output_len, max_batch)
 
 

@@ -24,8 +24,10 @@ import torch
 from torch.utils.benchmark import Timer
 
 from labkit.core import validation
-from labkit.core.timing import (LatencyModel, RequestMetrics, Spread, fit_latency_model, itl_percentiles,
-                                request_metrics, ridge_point, spread)
+from labkit.core.timing import (LatencyFit, RequestMetrics, Spread, fit_latency, itl_percentiles, request_metrics,
+                                ridge_point, spread)
+from labkit.runtime import copy_cache, crop, decode_one_token, prefill, synchronize
+from labkit.runtime.forward import model_device
 from labkit.runtime.generation import first_divergence, generate
 
 
@@ -160,6 +162,7 @@ class CacheComparison:
     cached_step_s: tuple[float, ...]  # per step, step 0 = prefill
     uncached_step_s: tuple[float, ...]  # per step: a full forward pass over the whole prefix
     prefix_lens: tuple[int, ...]  # tokens each step's forward pass sees without a cache
+    new_token_ids: torch.Tensor | None = None  # [batch, n_new]: the cached run's tokens (for greedy_margins)
 
 
 def cached_vs_uncached(lm: Any, input_ids: torch.Tensor, max_new_tokens: int, *,
@@ -182,7 +185,7 @@ def cached_vs_uncached(lm: Any, input_ids: torch.Tensor, max_new_tokens: int, *,
     agree = tuple(bool(a) for a in (ours.argmax(-1) == reference.argmax(-1)).all(dim=0))
     return CacheComparison(compared, float((ours - reference).abs().max()), agree, parted is None,
                            cached.step_s, uncached.step_s,
-                           tuple(input_ids.shape[1] + k for k in range(len(uncached.step_s))))
+                           tuple(input_ids.shape[1] + k for k in range(len(uncached.step_s))), cached.new_token_ids)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -351,13 +354,114 @@ def prefill_sweep(lm: Any, input_ids: torch.Tensor, prompt_lens: Sequence[int], 
     return tuple(out)
 
 
-def calibrate(prefill_points: Sequence[tuple[int, float]], batches: Sequence[BatchPoint]) -> LatencyModel:
-    """A LatencyModel fitted to a prefill sweep (batch 1) and every decode step of a batching sweep."""
+@dataclass(frozen=True)
+class DecodePoint:
+    """Decode steps timed at one batch size after a given number of cached tokens per sequence."""
+
+    batch_size: int
+    context_len: int  # tokens cached per sequence when the point starts (warm-up steps come first)
+    step_contexts: tuple[int, ...]  # tokens cached per sequence before each timed step
+    step_s: tuple[float, ...]  # each timed step's wall time
+
+    @property
+    def median_context(self) -> float:
+        """The median context of the timed steps (each step grows the cache by one)."""
+        return spread(self.step_contexts).median
+
+    @property
+    def median_s(self) -> float:
+        return spread(self.step_s).median
+
+
+@dataclass(frozen=True)
+class ContextSweep:
+    """One long prefill, then decode steps timed at several (batch size, context length) points."""
+
+    prefill_len: int
+    prefill_s: float  # the long prompt's prefill (a TTFT point far from the short prompts)
+    points: tuple[DecodePoint, ...]
+    threads: int
+
+    def point(self, batch_size: int, context_len: int) -> DecodePoint:
+        """The point measured at this batch size and starting context."""
+        for point in self.points:
+            if (point.batch_size, point.context_len) == (batch_size, context_len):
+                return point
+        measured = [(p.batch_size, p.context_len) for p in self.points]
+        raise validation.fail(ValueError, "(batch_size, context_len)", f"one of {measured}",
+                              (batch_size, context_len))
+
+    def select(self, pairs: Sequence[tuple[int, int]]) -> "ContextSweep":
+        """The same sweep with only these (batch_size, context_len) points (to hold the others out of a fit)."""
+        return ContextSweep(self.prefill_len, self.prefill_s, tuple(self.point(b, c) for b, c in pairs),
+                            self.threads)
+
+
+def decode_sweep(lm: Any, input_ids: torch.Tensor, pairs: Sequence[tuple[int, int]], *, steps: int = 3,
+                 warmup: int = 1, threads: int | None = None) -> ContextSweep:
+    """Time decode steps at each (batch_size, context_len) of ``pairs``, from one prefill of the longest context.
+
+    ``input_ids`` ``[1, n]`` with n > every context_len. The prefill of ``input_ids[:, :longest]`` is timed once;
+    each point then decodes from a copy of that cache cut to its context length and repeated over the batch
+    (every row the same text: a step's cost depends on the shapes, not on the values), first ``warmup`` untimed
+    steps, then ``steps`` timed ones, each a forward pass and a greedy choice as in ``generate``.
+    """
+    validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[1, n_tokens]", nonempty=True)
+    if input_ids.shape[0] != 1:
+        raise validation.fail(ValueError, "input_ids", "one row [1, n_tokens]", tuple(input_ids.shape))
+    if not isinstance(pairs, (list, tuple)) or not pairs:
+        raise validation.fail(ValueError, "pairs", "a non-empty list of (batch_size, context_len)", pairs)
+    for batch_size, context in pairs:
+        validation.integer("batch_size", batch_size, min=1)
+        validation.integer("context_len", context, min=1, max=input_ids.shape[1] - 1,
+                           note="input_ids must hold one more token to feed")
+    steps, warmup = validation.integer("steps", steps, min=1), validation.integer("warmup", warmup, min=0)
+    longest = max(context for _, context in pairs)
+    device = model_device(lm)
+    with held_threads(threads) as held:
+        prefill(lm, input_ids[:, :8])  # warm-up of the prefill path
+        started = time.perf_counter()
+        _, base = prefill(lm, input_ids[:, :longest])
+        synchronize(device)
+        prefill_s = time.perf_counter() - started
+        points = []
+        for batch_size, context in pairs:
+            cache = crop(copy_cache(base), context)
+            cache.batch_repeat_interleave(batch_size)
+            token = input_ids[:, context:context + 1].repeat(batch_size, 1)  # [batch, 1]: the next real token
+            step_s, step_contexts = [], []
+            for step in range(warmup + steps):
+                started = time.perf_counter()
+                logits, cache = decode_one_token(lm, token, cache)
+                token = logits.cpu().argmax(dim=-1, keepdim=True)  # greedy, as generate() at T = 0
+                synchronize(device)
+                if step >= warmup:
+                    step_s.append(time.perf_counter() - started)
+                    step_contexts.append(context + step)
+            points.append(DecodePoint(batch_size, context, tuple(step_contexts), tuple(step_s)))
+    return ContextSweep(longest, prefill_s, tuple(points), held)
+
+
+def calibrate(prefill_points: Sequence[tuple[int, float]], batches: Sequence[BatchPoint],
+              sweep: ContextSweep | None = None) -> LatencyFit:
+    """A latency model fitted to a prefill sweep (batch 1), a batching sweep and a context sweep.
+
+    Prefill points: each (prompt_len, seconds), every prefill of the batching sweep, the sweep's long prefill.
+    Decode points, one per timed run: its median step at its median context (a median shrugs off a step slowed
+    by another process); the fit's context range is that of every step measured. Without a sweep every decode
+    point sits at the batching sweep's one short context, and the fit reports the per-cached-token cost as
+    unidentifiable.
+    """
     prefill = [(length, 1, seconds) for length, seconds in prefill_points]
     prefill += [(run.prompt_len, run.batch_size, run.prefill_s) for point in batches for run in point.runs.runs]
-    decode = [(run.batch_size, context, seconds) for point in batches for run in point.runs.runs
-              for context, seconds in zip(run.context_lens[1:], run.decode_step_s)]
-    return fit_latency_model(prefill, decode)
+    decode = [(run.batch_size, spread(run.context_lens[1:]).median, spread(run.decode_step_s).median)
+              for point in batches for run in point.runs.runs if run.decode_step_s]
+    contexts = [c for point in batches for run in point.runs.runs for c in run.context_lens[1:]]
+    if sweep is not None:
+        prefill.append((sweep.prefill_len, 1, sweep.prefill_s))
+        decode += [(point.batch_size, point.median_context, point.median_s) for point in sweep.points]
+        contexts += [c for point in sweep.points for c in point.step_contexts]
+    return fit_latency(prefill, decode, (min(contexts), max(contexts)) if contexts else None)
 
 
 # ---------------------------------------------------------------------------------------------------------------
