@@ -1,12 +1,13 @@
 """Sun et al. (2024), "Massive activations in large language models", repeated on the embedded model.
 
 A massive activation is a residual-stream entry thousands of times larger than the layer's median magnitude. In
-SmolLM2-135M they sit on the first token in a few channels (channel 507 reaches about 22,000 against a median near
-2). They appear at one layer and ride the residual stream from there almost unchanged. Sun et al.'s experiment:
+SmolLM2-135M they sit on the first token in a few channels (channel 507 reaches about 22,000 against a median of
+about 2 at layer 15). They appear at one layer, written by that layer's MLP (its down_proj reads an input of
+thousands on that token), and ride the residual stream from there almost unchanged. Sun et al.'s experiment:
 at the layer where they appear, set them to zero and the model breaks; set them to their mean over other
 sequences and it does not notice; zero as many ordinary entries and nothing happens either. So they are not
 information about the text but fixed biases the model relies on (the attention heads use the first token as a
-sink), and a quantizer must keep them: one of them sets a per-tensor INT8 scale for the whole tensor.
+sink), and a quantizer must keep them without letting them set a per-tensor INT8 scale for everything else.
 
 Everything here goes through :func:`labkit.runtime.edit_outputs` (hooks removed on exit; the weights are never
 touched), :func:`labkit.runtime.capture` and :func:`labkit.runtime.scoring.score_text`.
