@@ -41,7 +41,7 @@ def calls_labkit(alpha, gamma):
 
 
 EXPECTED_ZOO = {
-    seed_formula: "the seed's formula",
+    seed_formula: "the optimization module's formula",
     no_bonus: "gamma + 1",
     only_drafts: "starts at 1",
     boundary_forgotten: "0/0",

@@ -162,4 +162,5 @@ def test_windowed_scores_match_one_full_pass(embedded):
     assert torch.equal(cut, whole.rank[1:] > 0)
     windowed = score_text(embedded, ids, window=6, stride=3, progress=False)
     assert windowed.surprisal_nats[1:6].tolist() == pytest.approx(full[:5].tolist(), abs=1e-4)
-    assert whole.perplexity() == pytest.approx(math.exp(full.double().mean().item()))
+    # two passes of different lengths: they agree within float32 rounding (as the surprisals above), not bit for bit
+    assert whole.perplexity() == pytest.approx(math.exp(full.double().mean().item()), rel=1e-4)

@@ -440,8 +440,10 @@ def lossless_test(target_table: torch.Tensor, draft_table: torch.Tensor, gamma: 
     # exact tokens per first call: position i's acceptance chance given the path so far, averaged over the draft
     exact = _expected_first_call(target_table, draft_table, gamma, start)
     se = float(first_call_tokens.std() / math.sqrt(n_runs)) if n_runs > 1 else math.inf
-    z = (float(first_call_tokens.mean()) - exact) / se if se > 0 else (0.0 if first_call_tokens.mean() == exact else
-                                                                       math.inf)
+    measured = float(first_call_tokens.mean())
+    # With no spread (every run's first call made the same count) the z-score is 0 or infinite; the exact value is
+    # a float64 sum of products, so it is compared within rounding, not bit for bit.
+    z = (measured - exact) / se if se > 0 else (0.0 if math.isclose(measured, exact, rel_tol=1e-9) else math.inf)
     return LosslessTest(counts, expected, chi_square, dof, chi_square_p_value(chi_square, dof),
                         float(first_call_tokens.mean()), exact, z)
 

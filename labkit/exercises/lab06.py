@@ -54,7 +54,7 @@ EXPECTED_TOKENS = register(
         atol=1e-12,
         hand_cases=(
             Case((0.5, 2), label="1 + 1/2 + 1/4"),
-            Case((0.7, 4), label="the seed's example: about 2.7731, not 3.8"),
+            Case((0.7, 4), label="the optimization module's example: about 2.7731, not 3.8"),
             Case((1.0, 4), label="alpha = 1: every draft and the bonus, gamma + 1"),
             Case((0.0, 5), label="alpha = 0: only the target's own token"),
             Case((0.9, 0), label="gamma = 0: plain decoding"),
@@ -63,7 +63,7 @@ EXPECTED_TOKENS = register(
         hints=("sum alpha**i for i = 0..gamma; the closed form (1 - alpha**(gamma + 1)) / (1 - alpha) needs a "
                "separate answer at alpha = 1",),
         mistakes=(
-            Mistake("alpha * gamma + 1 (the seed's formula) counts drafts after a rejection, which are never "
+            Mistake("alpha * gamma + 1 (the optimization module's formula) counts drafts after a rejection, which are never "
                     "examined: the k-th draft survives with probability alpha**k", _seed_formula),
             Mistake("every call adds one target token, the bonus included when all gamma pass: the power is "
                     "gamma + 1", _no_bonus),

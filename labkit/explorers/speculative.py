@@ -1,8 +1,8 @@
 """Lab 06's simulator: acceptance rate, draft length and draft cost as sliders over Leviathan et al.'s closed forms.
 
-Left panel: expected tokens per target call against gamma (the paper's curve and the seed's alpha * gamma + 1).
+Left panel: expected tokens per target call against gamma (the paper's curve and the optimization module's alpha * gamma + 1).
 Right panel: expected walltime improvement against gamma, the optimum marked, the break-even line at 1, and measured
-(alpha, c) points from real runs when given. Below: a strip of seeded simulated calls, each a row of accepted
+(gamma, speedup) points from real runs when given. Below: a strip of seeded simulated calls, each a row of accepted
 (green), rejected (red), never examined (grey) and bonus (blue) tokens. Everything shown comes from
 ``labkit.core.speculative``; :func:`compute` is pure, :func:`render` updates artists created once.
 """
@@ -36,7 +36,7 @@ class SpeculativeView:
     varying: bool  # alpha decays by position (alpha, alpha * 0.9, ...)
     gammas: tuple[int, ...]  # 0..MAX_GAMMA
     tokens_per_call: tuple[float, ...]  # the paper's, per gamma
-    seed_tokens_per_call: tuple[float, ...]  # the seed's alpha * gamma + 1, per gamma
+    seed_tokens_per_call: tuple[float, ...]  # the optimization module's alpha * gamma + 1, per gamma
     improvement: tuple[float, ...]  # walltime improvement per gamma
     best_gamma: int
     break_even_alpha: float  # at this gamma and c
@@ -81,7 +81,7 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
 def summary_html(view: SpeculativeView) -> str:
     g = view.gamma
     rows = [
-        ("tokens per call at γ = %d" % g, f"{view.tokens_per_call[g]:.4f} (seed's αγ + 1: {view.seed_tokens_per_call[g]:.4f})"),
+        ("tokens per call at γ = %d" % g, f"{view.tokens_per_call[g]:.4f} (module's αγ + 1: {view.seed_tokens_per_call[g]:.4f})"),
         ("simulated (2,000 calls)", f"{view.simulated_tokens_per_call:.4f} ± {view.simulated_standard_error:.4f}"),
         ("walltime improvement", f"{view.improvement[g]:.4f}×"),
         ("best γ here", f"{view.best_gamma} ({view.improvement[view.best_gamma]:.4f}×)"),
@@ -127,7 +127,7 @@ class SpeculativePlot:
         # Animated artists are left out of the background and drawn by hand on every move.
         (self.paper_line,) = self.tokens_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="paper",
                                                    animated=True)
-        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="seed: αγ + 1", animated=True)
+        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="module: αγ + 1", animated=True)
         (self.tokens_marker,) = self.tokens_axes.plot([0], [0], "o", ms=8, mfc="none", color="black", animated=True)
         self.tokens_axes.set(xlabel="γ (drafts per call)", ylabel="tokens per target call")
         self.tokens_axes.legend(fontsize=8, loc="upper left")

@@ -10,15 +10,18 @@ does the same): one target pass fewer. No forward pass is written here: every pa
 Drafters:
 
 * :class:`PromptLookup` (Saxena 2023, "prompt lookup decoding"; transformers' ``prompt_lookup_num_tokens``): find
-  the latest earlier occurrence of the context's last n-gram and propose what followed it. Free to run, and right
+  the latest earlier occurrence of the context's last n-gram (n from 3 down to 1) and propose what followed it.
+  transformers' ``PromptLookupCandidateGenerator`` takes the earliest occurrence and n-grams of at most 2 (4.57 to
+  5.24), so the two may propose different drafts; both verify them against the same greedy choice. Free to run, and right
   whenever the output copies the input (editing, quoting, code).
 * :class:`EarlyExit`: the target's own first ``n_layers`` blocks, then its final norm and head (a self-draft that
   shares every weight, with its own KV cache). The model was not trained to exit early, so its acceptance is low.
 
 Greedy output equals plain greedy decoding token for token whatever the drafter (the draft only decides how many
-tokens one pass yields). One caveat, measured rather than assumed: the target scores a block of k + 1 tokens in one
-pass, and a block's float reductions may round differently from k + 1 single-token passes, so a near-tie between
-two logits could in principle flip; the tests compare with plain greedy on the real model.
+tokens one pass yields), with one caveat, measured rather than assumed: the target scores a block of k + 1 tokens in
+one pass, and a block's float reductions round differently from k + 1 single-token passes, so a step whose best two
+logits are nearly tied could flip. The tests and lab 06 compare with plain greedy only on outputs whose every step
+is far from a tie (``runtime.generation.greedy_margins`` above ``core.sampling.CLEAR_MARGIN``).
 
 Left out: batches (rows would accept different numbers of drafts), tree drafts, a separate draft model.
 Used by lab 06.
