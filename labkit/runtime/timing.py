@@ -404,7 +404,8 @@ def decode_sweep(lm: Any, input_ids: torch.Tensor, pairs: Sequence[tuple[int, in
     ``input_ids`` ``[1, n]`` with n > every context_len. The prefill of ``input_ids[:, :longest]`` is timed once;
     each point then decodes from a copy of that cache cut to its context length and repeated over the batch
     (every row the same text: a step's cost depends on the shapes, not on the values), first ``warmup`` untimed
-    steps, then ``steps`` timed ones, each a forward pass and a greedy choice as in ``generate``.
+    steps, then ``steps`` timed ones, each a forward pass and a greedy choice as in ``generate``. The points take
+    their steps in turn, one step each per round, so a slow spell of a shared machine is spread over them.
     """
     validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[1, n_tokens]", nonempty=True)
     if input_ids.shape[0] != 1:
@@ -424,21 +425,25 @@ def decode_sweep(lm: Any, input_ids: torch.Tensor, pairs: Sequence[tuple[int, in
         _, base = prefill(lm, input_ids[:, :longest])
         synchronize(device)
         prefill_s = time.perf_counter() - started
-        points = []
+        caches, tokens = [], []
         for batch_size, context in pairs:
             cache = crop(copy_cache(base), context)
             cache.batch_repeat_interleave(batch_size)
-            token = input_ids[:, context:context + 1].repeat(batch_size, 1)  # [batch, 1]: the next real token
-            step_s, step_contexts = [], []
-            for step in range(warmup + steps):
+            caches.append(cache)
+            tokens.append(input_ids[:, context:context + 1].repeat(batch_size, 1))  # [batch, 1]: the next token
+        step_s: list[list[float]] = [[] for _ in pairs]
+        # Round-robin: step k of every point, then step k + 1. A slow spell on a shared machine then costs one
+        # step of several points (which their medians drop), not every step of one point.
+        for step in range(warmup + steps):
+            for index in range(len(pairs)):
                 started = time.perf_counter()
-                logits, cache = decode_one_token(lm, token, cache)
-                token = logits.cpu().argmax(dim=-1, keepdim=True)  # greedy, as generate() at T = 0
+                logits, caches[index] = decode_one_token(lm, tokens[index], caches[index])
+                tokens[index] = logits.cpu().argmax(dim=-1, keepdim=True)  # greedy, as generate() at T = 0
                 synchronize(device)
                 if step >= warmup:
-                    step_s.append(time.perf_counter() - started)
-                    step_contexts.append(context + step)
-            points.append(DecodePoint(batch_size, context, tuple(step_contexts), tuple(step_s)))
+                    step_s[index].append(time.perf_counter() - started)
+        points = [DecodePoint(batch_size, context, tuple(range(context + warmup, context + warmup + steps)),
+                              tuple(times)) for (batch_size, context), times in zip(pairs, step_s)]
     return ContextSweep(longest, prefill_s, tuple(points), held)
 
 
