@@ -36,14 +36,20 @@ def main(runs: int = 3, n_score_tokens: int = 1024, n_new_tokens: int = 32) -> N
     print(f"threads: {torch.get_num_threads()}; runs: {runs}; warm-up pass excluded")
     score_text(lm, token_ids[:64], window=64, progress=False)  # warm-up: first-call allocations
 
-    print(f"\nscoring {len(token_ids)} tokens of the evaluation text (ratio: against window 512, stride 512)")
-    print(header)
+    print(f"\nscoring {len(token_ids)} tokens of the evaluation text (ratio: against window 512, stride 512; "
+          "perplexity: the layout's own, lower where more tokens see a longer context)")
+    print(header + f" {'perplexity':>10}")
     settings = [(512, 512), (256, 256), (512, 256), (1024, 1024)]
-    results = {s: _timed_s(lambda s=s: score_text(lm, token_ids, window=s[0], stride=s[1], progress=False), runs)
-               for s in settings}
+    scored = {}
+
+    def score(setting):
+        scored[setting] = score_text(lm, token_ids, window=setting[0], stride=setting[1], progress=False)
+
+    results = {s: _timed_s(lambda s=s: score(s), runs) for s in settings}
     reference = statistics.median(results[(512, 512)])
     for (window, stride), seconds in results.items():
-        print(_row(f"window {window}, stride {stride}", len(token_ids) - 1, seconds, reference))
+        print(_row(f"window {window}, stride {stride}", len(token_ids) - 1, seconds, reference)
+              + f" {scored[(window, stride)].perplexity():>10.2f}")
 
     prompt = lm.chat_ids("Describe a lighthouse at night.")
     print(f"\ngreedy generation of {n_new_tokens} tokens after a {prompt.shape[1]}-token prompt "

@@ -1,6 +1,7 @@
 """Speculative decoding on the embedded model: plain greedy, transformers' prompt lookup, labkit's prompt lookup
 and the early-exit self-draft, on the same prompts in one run, alternating, with repeats (medians and spread);
-greedy outputs checked token-identical; measured alpha and c fed to the closed form beside the measured speedup
+greedy outputs checked token-identical (with each prompt's smallest greedy margin, which must be far above float noise
+for that check to hold on any CPU); measured alpha and c fed to the closed form beside the measured speedup
 (the paper's per-step ratio, and the same applied to the whole request: the prefill both sides pay, and a verify
 pass that costs more than one step on a CPU; ``labkit.core.speculative.request_speedup``);
 and the simulator's update latency. Run: ``python -m benchmarks.speculative``.
@@ -26,8 +27,12 @@ def _prompts(lm):
 
 
 def main() -> None:
+    import torch
+
     from labkit.core import speculative as sp
+    from labkit.core.sampling import CLEAR_MARGIN
     from labkit.runtime import speculative as rs
+    from labkit.runtime.generation import greedy_margins
     from labkit.runtime import timing as measure
     from labkit.runtime.models import load_model
 
@@ -37,6 +42,7 @@ def main() -> None:
           "medians [min-max] in ms")
     for name, prompt in _prompts(lm).items():
         plain, _ = rs.plain_greedy(lm, prompt, N_NEW, eos)
+        margin = float(greedy_margins(lm, prompt, torch.tensor([plain])).min())  # how far the closest step is from a tie
         methods = {
             "plain greedy": lambda: (*rs.plain_greedy(lm, prompt, N_NEW, eos), None),
             "transformers prompt lookup": lambda: (*rs.transformers_prompt_lookup(lm, prompt, N_NEW, 4, eos), None),
@@ -55,7 +61,8 @@ def main() -> None:
         base = statistics.median(times["plain greedy"])
         step_s, verify5_s = rs.decode_step_s(lm, prompt, 1), rs.decode_step_s(lm, prompt, 5)
         prefill_s = measure.prefill_sweep(lm, prompt, (prompt.shape[1],), repeats=3)[0][1]
-        print(f"\n{name}: {len(plain)} tokens, identical outputs; prefill {prefill_s*1e3:.1f} ms, decode step "
+        print(f"\n{name}: {len(plain)} tokens, identical outputs (smallest greedy margin {margin:.3f}, "
+              f"{margin / CLEAR_MARGIN:.0f}x CLEAR_MARGIN); prefill {prefill_s*1e3:.1f} ms, decode step "
               f"{step_s*1e3:.1f} ms, verify of 5 {verify5_s*1e3:.1f} ms")
         for method, values in times.items():
             median = statistics.median(values)
