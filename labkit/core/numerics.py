@@ -127,7 +127,8 @@ def _real_or_tensor(x: Any) -> float:
 def round_to_format(x: torch.Tensor, fmt: Any) -> torch.Tensor:
     """Round a tensor into a format (nearest, ties to even) and back to its own dtype: what storing it loses.
 
-    Overflow: FP16/BF16/E5M2 give inf; E4M3fn has no inf and torch's cast saturates to +-448 (measured here).
+    Overflow: FP16/BF16/E5M2 give inf; E4M3fn has no inf, and torch's cast saturates to +-448 in the pinned torch
+    (2.13, measured here); older releases that ``torch>=2.1`` allows return NaN from 480 up instead.
 
     >>> round_to_format(torch.tensor([1.0 + 2**-11, 1.0 + 3 * 2**-11, 70000.0]), "fp16").tolist()
     [1.0, 1.001953125, inf]
