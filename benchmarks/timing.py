@@ -131,13 +131,13 @@ def _latency_model(lm, threads: int) -> None:
     print(f"latency model, fitted {MODEL_REPEATS} times on decode at {sorted({c for _, c in FITTED})} cached tokens, "
           f"batches {sorted({b for b, _ in FITTED})} (5 steps per point); the last fit:")
     print(fit_table(fits[-1]))
-    print(f"{'decode coefficient':<18} {'median':>10} {'min':>10} {'max':>10} {'median std. error':>18}  "
+    print(f"{'decode coefficient':<22} {'median':>10} {'min':>10} {'max':>10} {'median std. error':>18}  "
           f"(over the fits)")
     for index, name in enumerate(timing.DECODE_TERMS):
         scale, unit = (1e6, "us") if name == "per cached token" else (1e3, "ms")
         values = [f.decode.coefficients[index] * scale for f in fits]
         errors = [f.decode.standard_errors[index] * scale for f in fits]
-        print(f"{name + ' (' + unit + ')':<18} {statistics.median(values):>10.2f} {min(values):>10.2f} "
+        print(f"{name + ' (' + unit + ')':<22} {statistics.median(values):>10.2f} {min(values):>10.2f} "
               f"{max(values):>10.2f} {statistics.median(errors):>18.2f}")
     print("predicted / measured decode step where the model was not fitted (target 0.75 .. 1.25):")
     for (batch_size, context), values in ratios.items():
