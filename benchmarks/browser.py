@@ -259,6 +259,22 @@ _TEXT = """(root) => {
     return texts.join('|');
 }"""
 
+# Done when the kernel has been idle a moment after a busy spell and the explorer shows the change (a new image or
+# new numbers), or when it has been idle for QUIET_MS with nothing changed. Waiting for the change, not for the
+# first busy -> idle pair, matters: that pair can belong to a message sent before the move (a slider's last
+# step), and the move's own update then lands after the check (seen as "the toggle changed nothing").
+QUIET_MS = 1500
+_MOVED = """([root, before, quietMs]) => {
+    const s = window.__labkitMove;
+    const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    if (s.idleAt === null || kernel.status !== 'idle') return false;
+    const idleFor = performance.now() - s.idleAt;
+    if (idleFor < 80) return false;
+    const texts = [...root.querySelectorAll('.widget-html, .widget-readout, .widget-label')]
+        .map(e => e.innerText || e.value || '');
+    return s.t1 !== null || texts.join('|') !== before || idleFor > quietMs;
+}"""
+
 
 @dataclass
 class Move:
@@ -273,13 +289,11 @@ def _move(page: Any, root: Any, act: Any, kind: str, name: str, timeout_ms: int 
     before_text = root.evaluate(_TEXT)
     root.evaluate(_ARM)
     act()
-    # Done when the kernel has gone busy and back to idle (the page has every message of the update by then).
-    page.wait_for_function("() => { const s = window.__labkitMove;"
-                           " return s.idleAt !== null && performance.now() - s.idleAt > 80; }",
-                           timeout=timeout_ms, polling=20)
+    page.wait_for_function(_MOVED, arg=[root.element_handle(), before_text, QUIET_MS], timeout=timeout_ms,
+                           polling=20)
+    _settle(page)
     state = page.evaluate("() => { const s = window.__labkitMove; s.stop();"
                           " return {t0: s.t0, t1: s.t1}; }")
-    _settle(page)
     changed_text = root.evaluate(_TEXT) != before_text
     latency = state["t1"] - state["t0"] if state["t1"] is not None and state["t0"] is not None else None
     return Move(kind, name, state["t1"] is not None, changed_text, latency)
