@@ -128,7 +128,7 @@ def _check(exercise_id: str, namespace: dict[str, Any], show: bool) -> Verdict |
     verdict = check_function(exercise, namespace.get(exercise.function))
     # labkit's own error judged nothing: the progress file keeps it as not attempted (no attempt spent)
     status = "not attempted" if verdict.status == "error" else verdict.status
-    progress.record(exercise.id, status, verdict.points, exercise.points)
+    progress.record(exercise.id, status, verdict.points, exercise.points, close=verdict.close)
     if show:
         _show(verdict)
         return None
@@ -139,13 +139,13 @@ class Summary:
     """A lab's exercises with their saved status, as a text table (and HTML in a notebook)."""
 
     def __init__(self, rows: list[tuple[str, str, str, int, int]], notes: tuple[str, ...] = ()):
-        self.rows = rows  # (id, title, status, points, max_points)
-        self.notes = notes  # e.g. why a lab's exercises could not be loaded
+        self.rows = rows  # (id, title, status, points, max_points); a prediction's status says if it was close
+        self.notes = notes  # e.g. why a lab's exercises could not be loaded, the prediction accuracy
 
     def __str__(self) -> str:
         earned, possible = sum(r[3] for r in self.rows), sum(r[4] for r in self.rows)
-        lines = [f"{'exercise':<26} {'status':<14} points", *(
-            f"{r[0]:<26} {r[2]:<14} {r[3]}/{r[4]}" for r in self.rows), f"{'total':<41} {earned}/{possible}",
+        lines = [f"{'exercise':<30} {'status':<22} points", *(
+            f"{r[0]:<30} {r[2]:<22} {r[3]}/{r[4]}" for r in self.rows), f"{'total':<53} {earned}/{possible}",
             *self.notes]
         return "\n".join(lines)
 
@@ -163,14 +163,24 @@ class Summary:
 
 
 def summary(lab: str) -> Summary:
-    """The lab's exercises and their status, read from the progress file (it survives kernel restarts)."""
+    """The lab's exercises and their status, read from the progress file (it survives kernel restarts).
+
+    A prediction's status says whether its answer was close (not scored), and a note counts the close ones.
+    """
     records = progress.load()
     rows = []
     with contextlib.redirect_stdout(io.StringIO()):  # the summary states a load problem itself
         chosen = exercises(lab)
+    closeness = []
     for exercise in chosen:
         saved = records.get(exercise.id, {})
-        rows.append((exercise.id, exercise.title, saved.get("status", "not attempted"), saved.get("points", 0),
-                     exercise.points))
-    problem = load_problem(lab)
-    return Summary(rows, (problem,) if problem else ())
+        status = saved.get("status", "not attempted")
+        if exercise.kind == "prediction" and status == "passed" and "close" in saved:
+            closeness.append(bool(saved["close"]))
+            status = "passed, close" if saved["close"] else "passed, not close"
+        rows.append((exercise.id, exercise.title, status, saved.get("points", 0), exercise.points))
+    notes = [problem] if (problem := load_problem(lab)) else []
+    n_predictions = sum(exercise.kind == "prediction" for exercise in chosen)
+    if n_predictions:
+        notes.append(f"predictions close: {sum(closeness)} of {n_predictions} (accuracy is shown, not scored)")
+    return Summary(rows, tuple(notes))

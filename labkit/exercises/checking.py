@@ -85,6 +85,8 @@ class Exercise:
     allowed: tuple[Any, ...] = ()  # labkit functions (or classes) the learner may call; any other labkit call fails
     forbidden: tuple[Callable[..., Any], ...] = ()  # torch's ready-made equivalents the learner may not call
     time_limit_s: float = 5.0  # per call
+    kind: str = "code"  # "code": scored on agreeing with the reference; "prediction": see :func:`prediction`
+    choices: tuple[Any, ...] = ()  # a prediction's possible answers, when it is a choice (a letter, a GPU count)
 
     @property
     def lab(self) -> str:
@@ -121,13 +123,19 @@ class Verdict:
     exercise: Exercise
     status: str  # "passed", "failed", "not attempted", or "error" (labkit's side could not check the answer)
     lines: tuple[str, ...]  # the explanation, one line each
+    close: bool | None = None  # a prediction's accuracy (not scored); None for other exercises
 
     @property
     def points(self) -> int:
         return self.exercise.points if self.status == "passed" else 0
 
+    @property
+    def mark(self) -> str:
+        """PASSED, FAILED, ...; a well-formed prediction is ANSWERED (its point is for answering, right or not)."""
+        return "ANSWERED" if self.exercise.kind == "prediction" and self.status == "passed" else _MARKS[self.status]
+
     def __str__(self) -> str:
-        mark = _MARKS[self.status]
+        mark = self.mark
         head = f"[{mark}] {self.exercise.title} ({self.points}/{self.exercise.points} points)"
         return "\n".join([head, *(f"  {line}" for line in self.lines)])
 
@@ -138,7 +146,7 @@ class Verdict:
 
         colour = {"passed": "#1a7f37", "failed": "#cf222e", "not attempted": "#9a6700", "error": "#6e40c9"}[self.status]
         body = "<br>".join(html.escape(line) for line in self.lines)
-        title = html.escape(f"{_MARKS[self.status]}: {self.exercise.title} ({self.points}/{self.exercise.points})")
+        title = html.escape(f"{self.mark}: {self.exercise.title} ({self.points}/{self.exercise.points})")
         return (f'<div style="border-left:4px solid {colour};padding:4px 10px;font-family:monospace">'
                 f'<b style="color:{colour}">{title}</b><br>{body}</div>')
 
@@ -405,6 +413,8 @@ def _check(exercise: Exercise, fn: Any, seed: int | None) -> Verdict:
         return Verdict(exercise, "not attempted", (f"define `{exercise.function}` in the cell above and run it",))
     if not callable(fn):
         return Verdict(exercise, "failed", (f"`{exercise.function}` should be a function, it is a {type(fn).__name__}",))
+    if exercise.kind == "prediction":
+        return _check_prediction(exercise, fn)
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     generator = torch.Generator().manual_seed(seed)
     hand = list(exercise.hand_cases)
@@ -434,6 +444,8 @@ def _check(exercise: Exercise, fn: Any, seed: int | None) -> Verdict:
             if hint:
                 lines.append(f"  hint:     {hint}")
             return Verdict(exercise, "failed", tuple(lines))
+    if not exercise.n_random and len(hand) == 1:
+        return Verdict(exercise, "passed", (f"your answer agrees with labkit's ({tolerance_words(exercise)})",))
     return Verdict(exercise, "passed", (
         f"{len(hand)} hand-computed cases and {exercise.n_random} random cases agree with labkit's reference "
         f"(rtol={exercise.rtol:g}, atol={exercise.atol:g})",))
@@ -485,7 +497,13 @@ def _first_line(hints: tuple[str, ...]) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# A prediction: asked before the notebook computes the answer
+# A prediction: asked before the notebook computes the answer, scored on the commitment
+#
+# The point is for a well-formed answer (a number where a number is asked, one of the choices where a choice is);
+# the verdict then shows labkit's answer, the distance and a word on it, and how close the prediction came is
+# recorded (``Verdict.close``, the progress file, the gradebook's accuracy column) without changing the score. So
+# reading the answer and editing gains nothing: the point was already earned by answering at all. A malformed
+# answer fails without showing labkit's answer, so a learner can fix the form without seeing it.
 
 
 def _no_random_case(generator: torch.Generator) -> Case:
@@ -493,15 +511,137 @@ def _no_random_case(generator: torch.Generator) -> Case:
 
 
 def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
-               rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> Exercise:
-    """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a guess, compared
-    once with ``answer()`` (labkit computing the truth) within rtol/atol. Nothing varies, so no random cases.
+               rtol: float = 0.0, atol: float = 0.0, points: int = 1, choices: tuple[Any, ...] = ()) -> Exercise:
+    """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a prediction.
+
+    It earns its points when it is well-formed (:func:`prediction_problem`); ``answer()`` (labkit computing the
+    truth) then decides only whether it was *close*: within rtol/atol for a number, equal otherwise.
 
     >>> guess = prediction("zz.guess", "Predict: 2 + 2", "predicted_sum", lambda: 4.0, asked="2 + 2", hint="add",
     ...                    atol=0.5)
-    >>> guess.n_random, guess.hand_cases[0].label, guess.hints
-    (0, '2 + 2', ('add',))
+    >>> guess.kind, guess.n_random, guess.hand_cases[0].label, guess.hints
+    ('prediction', 0, '2 + 2', ('add',))
     """
     return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
                     rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
+                    hints=(hint,), kind="prediction", choices=tuple(choices))
+
+
+def single_answer(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
+                  rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> Exercise:
+    """A computed answer (not a prediction): ``function()`` takes no argument and is scored on agreeing with
+    ``answer()`` within rtol/atol, like any code exercise."""
+    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+                    rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
                     hints=(hint,))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def prediction_problem(truth: Any, value: Any, choices: tuple[Any, ...] = ()) -> str | None:
+    """Why ``value`` is not a well-formed prediction of something like ``truth`` (None when it is).
+
+    Never says what the truth is: a learner fixes the form without seeing the answer.
+
+    >>> prediction_problem(7, 7.5), prediction_problem("b", "e", choices=("a", "b", "c", "d"))
+    (None, "your answer must be one of 'a', 'b', 'c', 'd', got 'e'")
+    >>> prediction_problem(0.25, "0.25")
+    'your answer must be a number, got str'
+    """
+    if hasattr(truth, "prediction_problem"):  # an answer type with its own rule (e.g. an order of names)
+        return truth.prediction_problem(value)
+    if choices:
+        if not any((type(value) is type(choice) or _is_number(value) and _is_number(choice)) and value == choice
+                   for choice in choices):
+            return f"your answer must be one of {', '.join(map(repr, choices))}, got {_describe(value)}"
+        return None
+    if _is_number(truth):
+        if not _is_number(value):
+            return f"your answer must be a number, got {type(value).__name__}"
+        return None if math.isfinite(value) else f"your answer must be a finite number, got {value!r}"
+    if isinstance(truth, str):
+        return None if isinstance(value, str) else f"your answer must be a string, got {type(value).__name__}"
+    if isinstance(truth, (tuple, list)):
+        if not isinstance(value, (tuple, list)) or len(value) != len(truth):
+            return f"your answer must be a tuple or list of {len(truth)} items, got {_describe(value)}"
+        for number, (want, got) in enumerate(zip(truth, value)):
+            problem = prediction_problem(want, got)
+            if problem is not None:
+                return f"item {number + 1}: {problem}"
+        return None
+    return None if type(value) is type(truth) else f"your answer must be a {type(truth).__name__}, got {type(value).__name__}"
+
+
+def tolerance_words(exercise: Exercise) -> str:
+    """How close counts as close, in words.
+
+    >>> tolerance_words(prediction("zz.x", "X", "x", lambda: 1.0, asked="", hint="", rtol=0.5))
+    'within a factor of two'
+    """
+    rtol, atol = exercise.rtol, exercise.atol
+    if rtol == 0.5 and not atol:
+        return "within a factor of two"
+    parts = ([f"within {rtol:.0%}" if rtol >= 0.01 else f"within a relative {rtol:g}"] if rtol else []) + (
+        [f"within ±{atol:g}"] if atol else [])
+    return " or ".join(parts) if parts else "exactly"
+
+
+def distance_words(truth: Any, value: Any) -> str:
+    """How far a prediction is from the truth, in words.
+
+    >>> distance_words(162, 120), distance_words(4.0, 12.5), distance_words(5, 6), distance_words("b", "b")
+    ('26% too low', 'off by 3.1x (too high)', '1 too high', 'right')
+    """
+    if hasattr(truth, "distance_words"):
+        return truth.distance_words(value)
+    if not (_is_number(truth) and _is_number(value)):
+        return "right" if _same(truth, value) else "not the answer"
+    if value == truth:
+        return "exactly right"
+    direction = "too high" if value > truth else "too low"
+    if isinstance(truth, int) and float(value).is_integer() and abs(value - truth) <= 3:
+        return f"{abs(int(value) - truth)} {direction}"
+    if truth == 0 or value / truth <= 0:
+        return f"off by {abs(value - truth):.3g} ({direction})"
+    ratio = value / truth
+    if ratio >= 2 or ratio <= 0.5:
+        return f"off by {max(ratio, 1 / ratio):.1f}x ({direction})"
+    return f"{abs(ratio - 1):.0%} {direction}"
+
+
+def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
+    outcome = _call(exercise, fn, exercise.hand_cases[0])
+    if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
+        return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
+                                                   "replace the stub with your prediction and run that cell",))
+    try:
+        truth = exercise.reference()
+    except Exception as error:  # noqa: BLE001
+        return _labkit_error(exercise, "labkit could not compute the answer", error)
+    value = outcome.value
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not outcome.called_forbidden:
+        value = value.item()  # a one-number tensor is a number
+    if outcome.called_forbidden or outcome.timed_out or outcome.error is not None:
+        problem, hint, where = _judge(exercise, exercise.hand_cases[0], outcome, truth)
+    else:
+        problem, hint, where = prediction_problem(truth, value, exercise.choices), _first_line(exercise.hints), None
+    if problem is not None:  # not a prediction yet: say what is accepted, never the answer
+        lines = [f"asked:    {exercise.hand_cases[0].label}", f"problem:  {problem}"]
+        lines += [f"where:    {where}"] if where else []
+        lines += [f"hint:     {hint}"] if hint else []
+        return Verdict(exercise, "failed", tuple(lines))
+    if _is_number(truth) and _is_number(value):
+        close = math.isclose(value, truth, rel_tol=exercise.rtol, abs_tol=exercise.atol)
+    else:
+        close = compare(truth, value, exercise.rtol, exercise.atol) is None
+    return Verdict(exercise, "passed", (
+        f"your prediction: {_describe(value)}",
+        f"labkit's answer: {_describe(truth)}",
+        f"distance:        {distance_words(truth, value)}" + (
+            "" if tolerance_words(exercise) == "exactly" else
+            f"; close ({tolerance_words(exercise)}): {'yes' if close else 'no'}"),
+        "the point is for committing to an answer before the reveal; how close it came is recorded as your "
+        "prediction accuracy, not scored",
+    ), close=close)

@@ -316,6 +316,21 @@ class _OrderWithin:
     def __repr__(self) -> str:
         return f"{self.truth} (within {GENRE_SLACK} places each)"
 
+    def prediction_problem(self, other) -> str | None:
+        """Why ``other`` is not an order of the genres (None when it is): each genre once, nothing else."""
+        if not isinstance(other, (list, tuple)) or sorted(map(str, other)) != sorted(self.truth) or not all(
+                isinstance(genre, str) for genre in other):
+            return f"your answer must list the {len(self.truth)} genre names, each once, got {other!r}"[:300]
+        return None
+
+    def distance_words(self, other) -> str:
+        """How far each genre is from its place, e.g. "5 of 7 genres within 2 places; furthest: code, 4 places"."""
+        gaps = {genre: abs(list(other).index(genre) - place) for place, genre in enumerate(self.truth)}
+        furthest = max(gaps, key=gaps.get)
+        near = sum(gap <= GENRE_SLACK for gap in gaps.values())
+        return (f"{near} of {len(gaps)} genres within {GENRE_SLACK} places of their own; furthest: {furthest}, "
+                f"{gaps[furthest]} places away")
+
 
 def genre_order() -> _OrderWithin:
     """The genres from the lowest perplexity (most predictable) to the highest."""
@@ -323,11 +338,9 @@ def genre_order() -> _OrderWithin:
     return _OrderWithin(sorted(ranked, key=ranked.get))
 
 
-_PRINTED_TOLERANCE = dict(rtol=1e-5, atol=1e-6)  # printed by the check; an order, count or letter is compared exactly
-
 PREDICT_GENRES = register(prediction(
     "02.predict_genre_order", "Predict: the genres from most to least predictable", "predicted_genre_order",
-    genre_order, **_PRINTED_TOLERANCE,
+    genre_order,
     asked="the seven genres of the evaluation text, lowest perplexity first",
     hint="return a list of the seven genre names (story, encyclopedia, recipe, dialogue, code, poem, news), each "
          "once, the most predictable first"))
@@ -341,31 +354,14 @@ def best_temperature() -> float:
 
 PREDICT_TEMPERATURE = register(prediction(
     "02.predict_best_temperature", "Predict: the temperature that gives the text its lowest perplexity",
-    "predicted_best_temperature", best_temperature,
+    "predicted_best_temperature", best_temperature, choices=TEMPERATURES,
     atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
     asked=f"the grid {TEMPERATURES}",
     hint="return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature"))
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Lesson 4.1's retrieve-and-predict questions 2 and 5
-
-def decode_calls_after_prefill(n_new: int = 8) -> int:
-    """Counted on the model: the forward calls after the prefill while a greedy generation writes n_new tokens."""
-    from labkit.runtime.generation import generate
-    from labkit.runtime.models import load_model
-
-    lm = load_model(progress=False)
-    steps = []
-    generate(lm, lm.text_ids("The tide"), n_new, on_step=steps.append)
-    return sum(1 for step in steps if step.step > 0)  # step 0 is the prefill
-
-
-PREDICT_CALLS = register(prediction(
-    "02.predict_decode_calls", "Predict: forward calls after the prefill for eight output tokens",
-    "predicted_decode_calls", decode_calls_after_prefill, **_PRINTED_TOLERANCE,
-    asked="Lesson 4.1, question 2: eight output tokens, counted on the model",
-    hint="return a whole number; which forward pass gives the logits of the first output token?"))
+# Lesson 4.1's retrieve-and-predict question 5 (question 2 is lab 05's, where decode is taught)
 
 CACHE_TEST_CHOICES = {
     "a": "sample 20 tokens with each path from the same seed and compare the two texts",
@@ -382,7 +378,7 @@ def cache_test_answer() -> str:
 
 PREDICT_CACHE_TEST = register(prediction(
     "02.predict_cache_test", "Predict: the comparison that tests a KV cache", "cache_test_choice", cache_test_answer,
-    **_PRINTED_TOLERANCE,
+    choices=tuple(CACHE_TEST_CHOICES),
     asked="Lesson 4.1, question 5: one of " + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES),
     hint='return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are their '
          "next steps still comparing?"))

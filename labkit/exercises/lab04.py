@@ -16,7 +16,7 @@ import torch
 
 from labkit.core.course import CHAPTER_8B
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction, single_answer
 from labkit.exercises import register
 from labkit.core.memory import GB, GIB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
 from labkit.core.presets import gpu_preset, model_preset
@@ -409,7 +409,7 @@ def seed_formula_experiment_gib() -> float:
     return n_bytes / 1024**3
 
 
-COMPUTE_SEED = register(prediction(
+COMPUTE_SEED = register(single_answer(
     "04.seed_formula_gib", "Compute: the lab reading's formula, its KV cache for its own 70B experiment",
     "seed_formula_kv_gib",
     seed_formula_experiment_gib, rtol=1e-3,
@@ -429,6 +429,6 @@ def fewest_h100s_fp16_chunked() -> int:
 
 PREDICT_GPUS = register(prediction(
     "04.predict_h100_count", "Predict: the fewest H100s that serve the lab reading's FP16 experiment",
-    "predicted_h100_count", fewest_h100s_fp16_chunked,
+    "predicted_h100_count", fewest_h100s_fp16_chunked, choices=(1, 2, 4, 8),
     asked="Llama-3.3-70B in FP16, 16 x 16,384 tokens, FP16 cache, chunks of 8,192 tokens, 10% reserve: 1, 2, 4 or 8",
     hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs"))

@@ -277,8 +277,15 @@ OUTPUT_TOKENS = 8
 
 
 def decode_calls_for_eight_tokens() -> int:
-    """Forward calls after the prefill to choose 8 tokens: the prefill's logits choose the first (eq. 8.1's n - 1)."""
-    return OUTPUT_TOKENS - 1
+    """Counted on the model: the forward calls after the prefill while labkit's greedy loop writes 8 tokens (the
+    prefill's logits choose the first, so eq. 8.1's n - 1)."""
+    from labkit.runtime.generation import generate
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    steps = []
+    generate(lm, lm.text_ids("The tide"), OUTPUT_TOKENS, on_step=steps.append)
+    return sum(step.phase == "decode" for step in steps)
 
 
 PREDICT_CALLS = register(prediction(

@@ -24,7 +24,8 @@ def progress_path() -> Path:
 
 
 def load(path: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every recorded exercise, by id: ``{"status", "points", "max_points", "attempts", "best", "updated"}``."""
+    """Every recorded exercise, by id: ``{"status", "points", "max_points", "attempts", "best", "updated"}``,
+    and ``"close"`` for a prediction (how close its last answer came; not scored)."""
     path = path or progress_path()
     if not path.exists():
         return {}
@@ -61,8 +62,9 @@ def _write(records: dict[str, dict[str, Any]], path: Path) -> None:
 _RANK = {"not attempted": 0, "failed": 1, "passed": 2}
 
 
-def record(exercise_id: str, status: str, points: int, max_points: int, path: Path | None = None) -> None:
-    """Store the latest verdict of an exercise (and keep the best one seen)."""
+def record(exercise_id: str, status: str, points: int, max_points: int, path: Path | None = None,
+           close: bool | None = None) -> None:
+    """Store the latest verdict of an exercise (and keep the best one seen); ``close``: a prediction's accuracy."""
     if status not in _RANK:
         raise ValueError(f"status must be one of {sorted(_RANK)}, got {status!r}")
     path = path or progress_path()
@@ -77,6 +79,8 @@ def record(exercise_id: str, status: str, points: int, max_points: int, path: Pa
         "best": status if _RANK[status] > _RANK[best] else best,
         "updated": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+    if close is not None:
+        records[exercise_id]["close"] = close
     try:
         _write(records, path)
     except OSError as error:  # a read-only home must not break the lab

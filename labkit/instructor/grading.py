@@ -65,12 +65,12 @@ def grade_in_kernel(lab: str, namespace: dict[str, Any], seed: int | None = None
             if exercise_seed is not None:
                 _seed_global_generators(exercise_seed)
             verdict = check_function(exercise, namespace.get(exercise.function), seed=exercise_seed)
-            status, lines = verdict.status, list(verdict.lines)
+            status, lines, close = verdict.status, list(verdict.lines), verdict.close
         except BaseException as error:  # noqa: BLE001 - a grader must finish whatever happens
-            status, lines = "failed", [f"the checker could not run: {type(error).__name__}: {error}"]
-        results.append({"id": exercise.id, "title": exercise.title, "status": status,
+            status, lines, close = "failed", [f"the checker could not run: {type(error).__name__}: {error}"], None
+        results.append({"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": status,
                         "points": exercise.points if status == "passed" else 0, "max_points": exercise.points,
-                        "details": lines})
+                        "close": close, "details": lines})
     return results
 
 
@@ -250,7 +250,9 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"{report['notebook']} (lab {report['lab']}): {report['score']}/{report['max_score']} points",
              f"{'exercise':<28} {'status':<14} points"]
     for result in report["exercises"]:
-        lines.append(f"{result['id']:<28} {result['status']:<14} {result['points']}/{result['max_points']}")
+        closeness = {True: "  (prediction close)", False: "  (prediction not close)"}.get(result.get("close"), "")
+        lines.append(f"{result['id']:<28} {result['status']:<14} {result['points']}/{result['max_points']}"
+                     f"{closeness}")
         if result["status"] in ("failed", "error"):  # "error": labkit's side broke, the details say what
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
