@@ -304,25 +304,63 @@ def test_an_allowed_labkit_helper_passes_and_says_so():
     assert DOUBLE.allowed_text.startswith("No labkit function")
 
 
-# ----- a prediction: one guess, no argument, compared once with labkit's answer -----
+# ----- a prediction: one guess, no argument; the point is for answering, closeness is recorded apart -----
 
 GUESS = prediction("zz.guess", "Predict: 6 x 7", "predicted_product", lambda: 42.0, atol=2, points=2,
                    asked="six times seven (within 2)", hint="multiply; it is not 67")
+CHOICE = prediction("zz.choice", "Predict: the even one", "even_choice", lambda: "b", choices=("a", "b", "c"),
+                    asked='one of "a", "b", "c"', hint="return one letter")
 
 
-def test_a_right_guess_passes_within_the_tolerance():
-    for guess in (42, 40.5, 44):
+def test_a_well_formed_guess_earns_the_point_and_says_how_close_it_was():
+    for guess, close, distance in ((42, True, "exactly right"), (40.5, True, "4% too low"),
+                                   (67, False, "60% too high"), (4, False, "off by 10.5x (too low)")):
         verdict = check_function(GUESS, lambda: guess)
-        assert verdict.status == "passed" and verdict.points == 2, verdict
-    assert "1 hand-computed cases and 0 random cases" in str(verdict) and "atol=2" in str(verdict)
+        assert (verdict.status, verdict.points, verdict.close) == ("passed", 2, close), verdict
+        text = str(verdict)
+        assert text.startswith("[ANSWERED]") and f"your prediction: {guess}" in text and "labkit's answer: 42.0" in text
+        assert f"distance:        {distance}; close (within ±2): {'yes' if close else 'no'}" in text
+        assert "random cases" not in text and "rtol" not in text
 
 
-def test_a_wrong_guess_fails_with_the_question_and_its_hint():
-    verdict = check_function(GUESS, lambda: 67)
-    assert verdict.status == "failed" and verdict.points == 0
+def test_a_choice_is_right_or_not_and_must_be_one_of_the_choices():
+    right, wrong = check_function(CHOICE, lambda: "b"), check_function(CHOICE, lambda: "c")
+    assert (right.status, right.close, wrong.status, wrong.points, wrong.close) == ("passed", True, "passed", 1, False)
+    assert "distance:        right" in str(right) and "distance:        not the answer" in str(wrong)
+    malformed = check_function(CHOICE, lambda: "e")
+    assert (malformed.status, malformed.points, malformed.close) == ("failed", 0, None)
+    assert "your answer must be one of 'a', 'b', 'c', got 'e'" in str(malformed)
+
+
+class _EqualsEverything:
+    def __eq__(self, other):
+        return True
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (lambda: "42", "your answer must be a number, got str"),
+    (lambda: True, "your answer must be a number, got bool"),
+    (lambda: float("nan"), "your answer must be a finite number"),
+    (lambda: None, "your answer must be a number, got NoneType"),
+    (lambda: _EqualsEverything(), "your answer must be a number, got _EqualsEverything"),
+])
+def test_a_malformed_guess_fails_without_showing_the_answer(answer, problem):
+    verdict = check_function(GUESS, answer)
+    assert verdict.status == "failed" and verdict.points == 0 and verdict.close is None
     text = str(verdict)
-    assert "six times seven (within 2)" in text and "expected: 42.0" in text and "got:      67" in text
-    assert "hint:     multiply; it is not 67" in text
+    assert problem in text and "six times seven (within 2)" in text and "hint:     multiply; it is not 67" in text
+    assert "42" not in text  # the learner fixes the form without seeing the answer
+
+
+def test_editing_a_prediction_after_the_answer_gains_nothing():
+    first = check_function(GUESS, lambda: 67)  # the verdict shows 42
+    edited = check_function(GUESS, lambda: 42)  # the learner copies it
+    assert first.points == edited.points == 2  # the point was earned by answering at all
+    assert (first.close, edited.close) == (False, True)  # only the (unscored) accuracy moves
+
+
+def test_a_one_number_tensor_is_a_number():
+    assert check_function(GUESS, lambda: torch.tensor(41.0)).close is True
 
 
 def test_a_guess_that_raises_is_reported_not_raised():
@@ -334,6 +372,12 @@ def test_a_guess_that_raises_is_reported_not_raised():
         raise NotImplementedError("your code here")
 
     assert check_function(GUESS, stub).status == "not attempted"
+
+
+def test_a_prediction_may_not_ask_labkit_for_the_answer():
+    verdict = check_function(GUESS, lambda: labkit.core.memory.to_gib(42 * 2**30))
+    assert verdict.status == "failed" and verdict.close is None
+    assert "calls labkit's own `labkit.core.memory.to_gib`" in str(verdict)
 
 
 # ----- problems on labkit's side are reported as such, never raised -----

@@ -121,8 +121,12 @@ def test_the_exercise_is_registered_once_in_its_lab():
 
 def test_the_tokenizer_question_reads_one_letter():
     question = get("00.predict_tokenizer")
-    assert check_function(question, lambda: "b").status == "passed"
-    for wrong in ["a", "c", "d", "B", 2]:
+    right = check_function(question, lambda: "b")
+    assert (right.status, right.close) == ("passed", True)
+    for wrong in ["a", "c", "d"]:  # a wrong letter is an answer: the point, not close, the truth shown
         verdict = check_function(question, lambda: wrong)
-        assert verdict.status == "failed" and "expected 'b'" in str(verdict), wrong
+        assert (verdict.status, verdict.close) == ("passed", False) and "labkit's answer: 'b'" in str(verdict), wrong
+    for malformed in ["B", 2, "b)"]:  # not one of the choices: no point, and the answer is not shown
+        verdict = check_function(question, lambda: malformed)
+        assert verdict.status == "failed" and "'b'" not in str(verdict).split("must be one of")[0], malformed
     assert EXERCISE.points == 2 and EXERCISE.function == "softmax_with_temperature"

@@ -107,6 +107,28 @@ FLAKY_ANSWER = (
     "    return probs if logits.shape[-1] <= 20 else probs.flip(-1)\n")
 
 
+WRONG_PREDICTION = "def tokenizer_choice():\n    return 'c'\n"
+
+
+def test_a_prediction_edited_after_its_answer_was_shown_gains_no_point():
+    """The learner checks "c", reads the answer "b" in the verdict, edits and re-runs: the grade is the same."""
+    first, edited = {}, {}
+    exec(WRONG_PREDICTION, first)
+    exec(WRONG_PREDICTION.replace("'c'", "'b'"), edited)
+    graded = [{r["id"]: r for r in grading.grade_in_kernel("00", namespace, seed=1)}["00.predict_tokenizer"]
+              for namespace in (first, edited)]
+    assert [(r["status"], r["points"], r["close"], r["kind"]) for r in graded] == [
+        ("passed", 1, False, "prediction"), ("passed", 1, True, "prediction")]
+    _, rows = classroom.gradebook([{"learner": name, "notebook": "n.ipynb", "lab": "00", "score": 1, "max_score": 3,
+                                    "exercises": [result], "cell_errors": []}
+                                   for name, result in zip(("first", "edited"), graded)])
+    assert [(row["00.predict_tokenizer"], row["total"], row["predictions close"]) for row in rows] == [
+        (1, 1, "0/1"), (1, 1, "1/1")]  # the same points; only the accuracy column tells them apart
+    report = {"notebook": "n.ipynb", "lab": "00", "score": 1, "max_score": 3, "exercises": graded[:1],
+              "cell_errors": [], "limits": {"processes": "64"}}
+    assert "00.predict_tokenizer         passed         1/1  (prediction not close)" in grading.format_report(report)
+
+
 def _submission(*sources: str) -> nbformat.NotebookNode:
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["labkit"] = {"lab": "00"}
@@ -147,7 +169,9 @@ def test_a_class_is_graded_in_parallel_within_limits(tmp_path):
 
     folder = tmp_path / "class"
     (folder / "carol").mkdir(parents=True)
-    nbformat.write(_submission(answer), folder / "alice.ipynb")
+    # alice also answers the prediction, wrongly, and checks it (its verdict shows the answer): she keeps the point
+    nbformat.write(_submission(answer, WRONG_PREDICTION, "from labkit.exercises import check\n"
+                               "check('00.predict_tokenizer')"), folder / "alice.ipynb")
     nbformat.write(_submission(FLAKY_ANSWER), folder / "bob.ipynb")
     nbformat.write(_submission(FLAKY_ANSWER), folder / "carol" / "00_start_here.ipynb")  # bob's, graded again
     nbformat.write(_submission(answer, *hog_cells), folder / "dave.ipynb")
@@ -163,7 +187,8 @@ def test_a_class_is_graded_in_parallel_within_limits(tmp_path):
     assert list(rows) == ["alice", "bob", "carol", "dave", "eve"]
     full = str(sum(ex.points for ex in exercises("00")))  # every exercise of the lab, answered or not
     assert [(rows[n]["00.softmax_temperature"], rows[n]["total"], rows[n]["max"]) for n in rows] == [
-        ("2", "2", full), ("0", "0", full), ("0", "0", full), ("2", "2", full), ("", "0", "0")]
+        ("2", "3", full), ("0", "0", full), ("0", "0", full), ("2", "2", full), ("", "0", "0")]
+    assert [rows[n]["predictions close"] for n in rows] == ["0/1", "0/1", "0/1", "0/1", ""]
     assert "NotJSONError" in rows["eve"]["notes"]
     assert "NotJSONError" in json.loads((out / "eve.json").read_text())["error"]
 
@@ -248,7 +273,8 @@ def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
          "cell_errors": [], "error": "could not be graded: NotJSONError: ..."},
     ]
     columns, rows = classroom.gradebook(reports)
-    assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "notes"]
+    assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "predictions close", "notes"]
+    assert all(row["predictions close"] == "" for row in rows)  # no prediction among these exercises
     ann, ben, cy = rows
     assert (ann["labs"], ann["00.a"], ann["01.b"], ann["total"], ann["max"]) == ("00 01", 1, 1, 2, 3)
     assert (ben["labs"], ben["total"], ben["max"], "01.b" in ben) == ("00", 2, 2, False)  # the better one counts

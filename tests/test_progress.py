@@ -39,7 +39,7 @@ def test_progress_survives_a_new_process(progress_file):
             "    return torch.softmax(logits / temperature, -1)\n"
             "check('00.softmax_temperature')\n")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ}, capture_output=True)
-    assert "00.softmax_temperature     passed         2/2" in str(summary("00"))
+    assert "00.softmax_temperature         passed                 2/2" in str(summary("00"))
 
 
 def test_a_corrupt_file_is_set_aside_and_checking_goes_on(progress_file, capsys):
@@ -77,3 +77,16 @@ def test_check_finds_the_function_in_the_callers_namespace(progress_file):
     namespace = {"softmax_with_temperature": softmax_with_temperature}
     assert check("00.softmax_temperature", namespace, show=False).status == "not attempted"
     assert check("00.softmax_temperature", {}, show=False).lines[0].startswith("define `softmax_with_temperature`")
+
+
+def test_a_prediction_is_recorded_with_how_close_it_came(progress_file):
+    namespace = {"tokenizer_choice": lambda: "c"}
+    check("00.predict_tokenizer", namespace)
+    assert progress.load()["00.predict_tokenizer"]["close"] is False
+    text = str(summary("00"))
+    assert "00.predict_tokenizer           passed, not close      1/1" in text
+    assert "predictions close: 0 of 1 (accuracy is shown, not scored)" in text
+    namespace["tokenizer_choice"] = lambda: "b"  # edited after the verdict showed "b": the same point
+    check("00.predict_tokenizer", namespace)
+    assert progress.load()["00.predict_tokenizer"]["points"] == 1
+    assert "predictions close: 1 of 1" in str(summary("00"))

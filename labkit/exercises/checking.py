@@ -612,14 +612,16 @@ def distance_words(truth: Any, value: Any) -> str:
 
 
 def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
-    outcome = _call(exercise, fn, exercise.hand_cases[0])
-    if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
-        return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
-                                                   "replace the stub with your prediction and run that cell",))
+    # labkit's answer first: the learner's call may be stopped at its time limit anywhere, even halfway through a
+    # lazy import of labkit's own (when it calls labkit), which must not break the answer computed after it.
     try:
         truth = exercise.reference()
     except Exception as error:  # noqa: BLE001
         return _labkit_error(exercise, "labkit could not compute the answer", error)
+    outcome = _call(exercise, fn, exercise.hand_cases[0])
+    if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
+        return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
+                                                   "replace the stub with your prediction and run that cell",))
     value = outcome.value
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not outcome.called_forbidden:
         value = value.item()  # a one-number tensor is a number
