@@ -478,3 +478,17 @@ def test_a_labkit_error_is_saved_as_not_attempted(monkeypatch):
     assert verdict.status == "error"
     saved = progress.load()["zz.broken"]
     assert (saved["status"], saved["attempts"], saved["points"]) == ("not attempted", 0, 0)
+
+
+class _AlwaysEqualString(str):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+
+def test_a_prediction_is_judged_as_plain_data_not_by_the_learners_objects():
+    verdict = check_function(CHOICE, lambda: _AlwaysEqualString("a"))  # "a" that claims to equal everything
+    assert (verdict.status, verdict.close) == ("passed", False)
+    numpy = pytest.importorskip("numpy")
+    assert check_function(GUESS, lambda: numpy.float64(41.5)).close is True

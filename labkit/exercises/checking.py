@@ -536,6 +536,37 @@ def single_answer(id: str, title: str, function: str, answer: Callable[[], Any],
                     hints=(hint,))
 
 
+def _plain(value: Any, depth: int = 0) -> Any:
+    """A prediction as plain data, so no behaviour of the learner's objects takes part in judging it: a
+    one-number tensor or NumPy scalar becomes its number, a subclass of int, float or str its plain value, a
+    tuple or list (two levels deep at most) a tuple of plain items; anything else is left as it is (and is then
+    not well-formed).
+
+    >>> class Loud(str):
+    ...     def __eq__(self, other): return True
+    >>> type(_plain(Loud("b"))), _plain(torch.tensor(4.0)), _plain(["A", "AB"])
+    (<class 'str'>, 4.0, ('A', 'AB'))
+    """
+    try:
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return _plain(value.item(), depth)
+        if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "size", 0) == 1:
+            return _plain(value.item(), depth)
+        if isinstance(value, bool):
+            return bool(value)
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float):
+            return float(value)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, (tuple, list)) and depth < 2:
+            return tuple(_plain(item, depth + 1) for item in value)
+    except Exception:  # noqa: BLE001 - an object that breaks on conversion is simply not well-formed
+        return value
+    return value
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -622,9 +653,7 @@ def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
     if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
         return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
                                                    "replace the stub with your prediction and run that cell",))
-    value = outcome.value
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not outcome.called_forbidden:
-        value = value.item()  # a one-number tensor is a number
+    value = _plain(outcome.value)
     if outcome.called_forbidden or outcome.timed_out or outcome.error is not None:
         problem, hint, where = _judge(exercise, exercise.hand_cases[0], outcome, truth)
     else:
