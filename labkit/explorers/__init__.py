@@ -14,6 +14,8 @@ Only core ipywidgets are used, so explorers work in JupyterLab (ipywidgets 8) an
 reach the page as PNG bytes in a ``widgets.Image`` through :class:`FigureCanvas`, which needs no ipympl.
 """
 
-from labkit.explorers.canvas import FigureCanvas
+from labkit.explorers.canvas import FigureCanvas, show_figures_as_png
 
-__all__ = ["FigureCanvas"]
+show_figures_as_png()  # a figure an explorer module returns shows as a picture, not as "<Figure size ...>"
+
+__all__ = ["FigureCanvas", "show_figures_as_png"]

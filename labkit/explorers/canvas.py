@@ -23,6 +23,24 @@ def figure_png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def show_figures_as_png() -> bool:
+    """Let a plain ``Figure`` left as a cell's last expression show as its PNG (returns whether it could).
+
+    IPython draws a matplotlib figure only once pyplot's inline backend has registered a PNG formatter, and these
+    figures never touch pyplot: without this, a cell ending in one prints ``<Figure size 512x240 with 1 Axes>``.
+    Harmless outside IPython (nothing to register) and when pyplot registers its own formatter later.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.display_formatter.formatters["image/png"].for_type(Figure, figure_png)
+    return True
+
+
 class FigureCanvas:
     """A figure plus the ``widgets.Image`` that shows it.
 
