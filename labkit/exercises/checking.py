@@ -615,7 +615,7 @@ def tolerance_words(exercise: Exercise) -> str:
     if rtol == 0.5 and not atol:
         return "within a factor of two"
     parts = ([f"within {rtol:.0%}" if rtol >= 0.01 else f"within a relative {rtol:g}"] if rtol else []) + (
-        [f"within ±{atol:g}"] if atol else [])
+        [f"within ±{atol:.2g}"] if atol else [])
     return " or ".join(parts) if parts else "exactly"
 
 
