@@ -280,3 +280,26 @@ def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
     assert (ben["labs"], ben["total"], ben["max"], "01.b" in ben) == ("00", 2, 2, False)  # the better one counts
     assert "lab 00 handed in twice" in ben["notes"]
     assert (cy["labs"], cy["total"], cy["max"]) == ("", 0, 0) and "NotJSONError" in cy["notes"]
+
+
+def test_links_are_not_followed_and_are_noted_without_their_target(tmp_path):
+    folder = tmp_path / "class"
+    (folder / "ana").mkdir(parents=True)
+    secret = tmp_path / "solutions" / "00_start_here.ipynb"
+    secret.parent.mkdir()
+    nbformat.write(_submission("x = 1"), secret)
+    nbformat.write(_submission("x = 1"), folder / "ana" / "00_start_here.ipynb")
+    (folder / "bo.ipynb").symlink_to(secret)  # hands in the solutions
+    (folder / "cy").symlink_to(folder / "ana", target_is_directory=True)  # hands in a classmate's folder
+    assert classroom.find_submissions(folder) == [("ana", folder / "ana" / "00_start_here.ipynb")]
+    assert [learner for learner, _ in classroom.symlinked_submissions(folder)] == ["bo", "cy"]
+
+
+def test_learner_text_reaches_neither_the_terminal_nor_a_spreadsheet_as_control_or_formula():
+    hostile = "\x1b[2J\x1b]0;owned\x07=cmd|' /C calc'!A0\r"
+    report = grading.printable({"notebook": "n.ipynb", "lab": "00", "score": 0, "max_score": 1, "cell_errors": [],
+                                "exercises": [{"id": "00.x", "status": "failed", "points": 0, "max_points": 1,
+                                               "details": [hostile]}], "limits": {"processes": "64"}})
+    text = grading.format_report(report)
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "=cmd|' /C calc'!A0" in text
+    assert classroom.csv_safe(grading.printable(hostile)) == "'=cmd|' /C calc'!A0"

@@ -16,22 +16,54 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grading import grade_notebook
+from labkit.instructor.grading import grade_notebook, printable
 from labkit.instructor.kernel_limits import Limits
 
 def find_submissions(folder: Path) -> list[tuple[str, Path]]:
     """(learner, notebook) for every submission in ``folder``, in path order.
 
     A notebook directly in the folder belongs to the learner named by its file's stem; one in a subfolder belongs
-    to the learner named by that subfolder. Hidden folders (``.ipynb_checkpoints``) are passed over.
+    to the learner named by that subfolder. Hidden folders (``.ipynb_checkpoints``) are passed over, and so is
+    anything reached through a symbolic link (see :func:`symlinked_submissions`): a link could hand in another
+    learner's notebook, or read a file outside the folder.
     """
     found = []
     for path in sorted(Path(folder).rglob("*.ipynb")):
         relative = path.relative_to(folder)
-        if any(part.startswith(".") for part in relative.parts):
+        if any(part.startswith(".") for part in relative.parts) or _through_link(folder, relative):
             continue
         found.append((relative.parts[0] if len(relative.parts) > 1 else path.stem, path))
     return found
+
+
+def _through_link(folder: Path, relative: Path) -> bool:
+    return any((Path(folder) / Path(*relative.parts[: depth + 1])).is_symlink() for depth in range(len(relative.parts)))
+
+
+def symlinked_submissions(folder: Path) -> list[tuple[str, Path]]:
+    """(learner, path) of every ``.ipynb`` link in ``folder`` (not graded; the gradebook notes it, never its target)."""
+    links = []
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_symlink() and not path.name.startswith("."):
+            links.append((path.stem if path.suffix == ".ipynb" else path.name, path))
+        elif path.is_dir() and not path.name.startswith("."):
+            links += [(path.name, inner) for inner in sorted(path.iterdir())
+                      if inner.is_symlink() and inner.name.endswith(".ipynb")]
+    return links
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value: Any) -> Any:
+    """A gradebook cell a spreadsheet shows as text: a string that would start a formula gets a leading quote.
+
+    >>> csv_safe("=1+1"), csv_safe("-1"), csv_safe("ana"), csv_safe(3)
+    ("'=1+1", "'-1", 'ana', 3)
+    """
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits) -> dict[str, Any]:
@@ -43,7 +75,7 @@ def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits) -> dict[s
 
 
 def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
-    first_line = (str(error).splitlines() or [""])[0]
+    first_line = printable((str(error).splitlines() or [""])[0])
     return {"notebook": str(path), "lab": None, "score": 0, "max_score": 0, "exercises": [], "cell_errors": [],
             "error": f"could not be graded: {type(error).__name__}: {first_line}"}
 
@@ -84,13 +116,17 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
             target.write_text(json.dumps(report, indent=2), encoding="utf-8")
             reports[path] = report
             outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
-            progress(f"graded {learner} ({path.name}): {outcome}")
+            progress(printable(f"graded {learner} ({path.name}): {outcome}"))
     ordered = [reports[path] for _, path in submissions]
+    for learner, link in symlinked_submissions(folder):
+        ordered.append({"learner": learner, "notebook": link.name, "lab": None, "score": 0, "max_score": 0,
+                        "exercises": [], "cell_errors": [],
+                        "error": "not graded: a symbolic link, not a notebook handed in"})
     columns, rows = gradebook(ordered)
     with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=columns)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows([{key: csv_safe(printable(value)) for key, value in row.items()} for row in rows])
     return ordered
 
 
@@ -148,4 +184,4 @@ def format_class_summary(reports: list[dict[str, Any]]) -> str:
     lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]
     for ex_id, tally in sorted(counts.items()):
         lines.append(f"{ex_id:<{width}} {tally['passed']:>7} {tally['failed']:>7} {tally['not attempted']:>14}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import tempfile
 import time
@@ -35,6 +36,24 @@ from traitlets import List, Unicode
 from labkit.instructor.kernel_limits import Confinement, Limits
 
 GRADES_MARKER = "LABKIT-GRADES "
+# Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
+# move the instructor's cursor, recolour the terminal or rewrite its title.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any) -> Any:
+    """``value`` (a string, or lists and dicts of them) without terminal escapes and control characters.
+
+    >>> printable({"details": ["\\x1b[31mred\\x1b[0m", "bell\\x07 and title \\x1b]0;pwned\\x07"]})
+    {'details': ['red', 'bell and title ']}
+    """
+    if isinstance(value, str):
+        return _CONTROL.sub("", value)
+    if isinstance(value, list):
+        return [printable(item) for item in value]
+    if isinstance(value, dict):
+        return {key: printable(item) for key, item in value.items()}
+    return value
 MAX_KERNEL_DEATHS = 3
 KERNEL_LOG_LINES = 20
 
@@ -217,7 +236,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         if output.get("output_type") == "error"
     ]
     errors += [{"cell": index, "error": f"{death}; it was skipped"} for index, death in skipped.items()]
-    return {
+    return printable({
         "notebook": str(path),
         "lab": lab,
         "score": sum(r["points"] for r in results),
@@ -228,7 +247,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "limits": enforced,
         "kernel_log": kernel_log,  # the end of what the kernels printed outside cells (runs of this submission)
         "seconds": round(time.perf_counter() - started, 1),
-    }
+    })
 
 
 def _results_from(cell: Any, lab: str) -> list[dict[str, Any]]:
@@ -259,4 +278,4 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"cell {error['cell']}: {error['error']}")
     if report["limits"]["processes"].startswith("not enforced"):
         lines.append(f"note: the number of processes was {report['limits']['processes']}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
