@@ -120,6 +120,7 @@ def tokenizer_answer() -> str:
 PREDICT_TOKENIZER = register(prediction(
     "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
     tokenizer_answer, choices=tuple(TOKENIZER_CHOICES),
-    asked="Lesson 4.1, question 1: one of " + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
+    asked="the lesson's retrieve-and-predict question 1: one of "
+          + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
     hint='return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id is all '
          "the model ever sees of the text"))

@@ -379,6 +379,7 @@ def cache_test_answer() -> str:
 PREDICT_CACHE_TEST = register(prediction(
     "02.predict_cache_test", "Predict: the comparison that tests a KV cache", "cache_test_choice", cache_test_answer,
     choices=tuple(CACHE_TEST_CHOICES),
-    asked="Lesson 4.1, question 5: one of " + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES),
+    asked="the lesson's retrieve-and-predict question 5: one of "
+          + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES),
     hint='return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are their '
          "next steps still comparing?"))
