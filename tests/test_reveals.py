@@ -232,7 +232,8 @@ def test_no_answer_above_the_check(notebooks, exercise):
             problems += [f"{name} cell {index} (committed output below the check): …{snippet}…" for snippet in
                          given_away(_cell_text(notebook, cell), truth, exercise.choices)]
     for label, text in (("its question", exercise.hand_cases[0].label), ("its hint", " ".join(exercise.hints))):
-        problems += [f"{exercise.id}, {label}: …{snippet}…" for snippet in given_away(text, truth, exercise.choices)]
+        problems += [f"{exercise.id}, {label}: …{snippet}…"
+                     for snippet in given_away(text, truth, exercise.choices)]
     assert not problems, f"the answer {truth!r} shows before the learner gives theirs:\n" + "\n".join(problems)
 
 

@@ -602,7 +602,9 @@ def prediction_problem(truth: Any, value: Any, choices: tuple[Any, ...] = ()) ->
             if problem is not None:
                 return f"item {number + 1}: {problem}"
         return None
-    return None if type(value) is type(truth) else f"your answer must be a {type(truth).__name__}, got {type(value).__name__}"
+    if type(value) is type(truth):
+        return None
+    return f"your answer must be a {type(truth).__name__}, got {type(value).__name__}"
 
 
 def tolerance_words(exercise: Exercise) -> str:
@@ -667,12 +669,12 @@ def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
         close = math.isclose(value, truth, rel_tol=exercise.rtol, abs_tol=exercise.atol)
     else:
         close = compare(truth, value, exercise.rtol, exercise.atol) is None
+    tolerance = tolerance_words(exercise)
     return Verdict(exercise, "passed", (
         f"your prediction: {_describe(value)}",
         f"labkit's answer: {_describe(truth)}",
-        f"distance:        {distance_words(truth, value)}" + (
-            "" if tolerance_words(exercise) == "exactly" else
-            f"; close ({tolerance_words(exercise)}): {'yes' if close else 'no'}"),
+        f"distance:        {distance_words(truth, value)}"
+        + ("" if tolerance == "exactly" else f"; close ({tolerance}): {'yes' if close else 'no'}"),
         "the point is for committing to an answer before the reveal; how close it came is recorded as your "
         "prediction accuracy, not scored",
     ), close=close)

@@ -136,9 +136,9 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
     submission (labs in order, each lab's exercises in registration order) holding the points earned, then
     ``total``, ``max`` (the points available in the labs that learner handed in), ``predictions close`` (how
-    many of the predictions in those labs came close, "k/n": accuracy, apart from the points) and ``notes``. A cell is empty
-    where the learner handed in no submission of that exercise's lab. When a learner handed in one lab twice, the
-    better submission counts and the note says so. A submission that could not be graded is a note.
+    many of the predictions in those labs came close, "k/n": accuracy, apart from the points) and ``notes``. A
+    cell is empty where the learner handed in no submission of that exercise's lab. When a learner handed in one
+    lab twice, the better submission counts and the note says so. A submission that could not be graded is a note.
     """
     exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
     columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "predictions close",
