@@ -6,9 +6,9 @@ from benchmarks import load_and_notebooks, loss, memory_explorer, sampling, spec
 
 SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss": loss.main, "sampling": sampling.main,
           "speculative": speculative.main}
-SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  # lab 03's visualizer latency
+SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  # lab 04's visualizer latency
 SUITES["browser"] = lambda: __import__("benchmarks.browser").browser.main()  # explorers in Chromium, event -> image
-SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 05: roofline, decode floor, threads
+SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 06: roofline, decode floor, threads
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""Lab 05's measurements at full length: this machine's roofline, labkit's decode loop against the floor it implies
+"""Lab 06's measurements at full length: this machine's roofline, labkit's decode loop against the floor it implies
 and against transformers' ``generate``, the calibrated latency model held to its target, the thread sweep, and the
 latency explorer's update time.
 
@@ -182,7 +182,7 @@ def main() -> None:
 
     lm = load_model(progress=False)
     threads = torch.get_num_threads()
-    print("== lab 05: where the time goes ==")
+    print("== lab 06: where the time goes ==")
     _decode_comparison(lm, threads)
     _bf16_comparison(lm, threads)
     _latency_model(lm, threads)

@@ -5,12 +5,12 @@ import torch
 
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
-from labkit.exercises.lab03 import round_trip_checkpoint, weights_back_exactly
+from labkit.core.numerics import round_trip_checkpoint
+from labkit.exercises.lab03 import weights_back_exactly
 from zoo import assert_zoo
 
 PER_CHANNEL = get("03.fake_quantize_per_channel")
 AFFINE = get("03.affine_fake_quantize")
-PREDICT = get("03.predict_outlier_channels")
 ROUND_TRIP = get("03.predict_fp16_round_trip")
 
 
@@ -107,13 +107,6 @@ def test_forbidden_torch_kernel_is_reported():
     assert check_function(AFFINE, uses_torch, seed=0).status == "failed"
 
 
-def test_prediction_within_a_factor_of_two(embedded):
-    truth = PREDICT.reference()
-    assert 1 <= truth <= 3  # the q/k/v_proj input at layer 15: channel 247 (the residual stream: over 500)
-    assert check_function(PREDICT, lambda: truth * 0.6).close is True
-    assert check_function(PREDICT, lambda: 5).close is False
-
-
 # ----- 03.predict_fp16_round_trip (Lesson 4.1, question 3) -----
 
 def test_round_trip_answer_is_the_weights_already_on_fp16s_grid():
@@ -137,7 +130,7 @@ def test_round_trip_prediction(guess, close):
 
 
 def test_predictions_say_what_may_be_called():
-    for exercise in (ROUND_TRIP, PREDICT):
+    for exercise in (ROUND_TRIP,):
         assert exercise.n_random == 0
         assert exercise.allowed_text == ("No labkit function may be called inside your function: the check "
                                          "reports any call into labkit.")
@@ -145,4 +138,4 @@ def test_predictions_say_what_may_be_called():
 
 def test_lab03_registers_its_exercises_in_notebook_order():
     assert [ex.id for ex in exercises("03")] == ["03.predict_fp16_round_trip", "03.fake_quantize_per_channel",
-                                                 "03.affine_fake_quantize", "03.predict_outlier_channels"]
+                                                 "03.affine_fake_quantize"]

@@ -36,8 +36,8 @@ LEARNER_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 # The explorer settings a prediction asks about: slider description -> asked value.
 ASKED_SETTINGS = {
-    "03.predict_outlier_channels": {"layer": 15, "threshold": 6.0},
-    "06.predict_optimal_gamma": {"α (accept)": 0.8, "c (cost)": 0.05},
+    "04.predict_outlier_channels": {"layer": 15, "threshold": 6.0},
+    "07.predict_optimal_gamma": {"α (accept)": 0.8, "c (cost)": 0.05},
 }
 
 

@@ -1,6 +1,6 @@
 """One GPU's memory budget for serving a model: every part, the total, the headroom, and what fits.
 
-Used by the memory lab (lab 04) and its explorer. The exact parts (weights, KV cache) come from
+Used by the memory lab (lab 05) and its explorer. The exact parts (weights, KV cache) come from
 ``labkit.core.memory``; this module adds the two that can only be estimated, live activations and workspace (each
 docstring states what it assumes), and answers the reverse questions: the largest batch for a context and the
 longest context for a batch, per GPU under tp-way tensor parallelism. Sizes are int bytes; the ``*_gib``

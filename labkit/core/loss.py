@@ -11,7 +11,7 @@ Long texts are scored in windows of at most ``window`` tokens per forward pass (
 passes themselves run in ``labkit.runtime.scoring.score_text`` (the runtime layer), which fills a :class:`TextScore`.
 Left out: padding, masks and ``ignore_index`` (one unpadded sequence is what the lab needs).
 
-Used by lab 02; lab 03 reuses the perplexity of a text to measure what quantization costs.
+Used by lab 02; lab 04 reuses the perplexity of a text to measure what quantization costs.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ import torch
 
 from labkit.core.validation import choice, fail, instance
 
-__all__ = ["FloatFormat", "FORMATS", "float_format", "spacing", "round_to_format", "sequential_sum", "format_table"]
+__all__ = ["FloatFormat", "FORMATS", "float_format", "spacing", "round_to_format", "sequential_sum", "format_table",
+           "round_trip_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +163,23 @@ def format_table() -> list[dict[str, Any]]:
     return [dict(name=f.name, bits=f.bits, exponent_bits=f.exponent_bits, mantissa_bits=f.mantissa_bits,
                  bias=f.bias, max=f.max, smallest_normal=f.smallest_normal,
                  smallest_subnormal=f.smallest_subnormal, eps=f.eps, has_inf=f.has_inf) for f in FORMATS.values()]
+
+
+# Lab 03's round-trip example: a fine-tuning run whose weights are saved in FP16 and loaded back into FP32.
+N_FROM_FP16, N_TUNED, WEIGHT_STD, CHECKPOINT_SEED = 400, 600, 0.02, 3
+
+
+def round_trip_checkpoint() -> tuple[torch.Tensor, torch.Tensor]:
+    """Lab 03's FP32 checkpoint, from a fixed random seed: (400 weights copied from an FP16 release, 600
+    fine-tuned in FP32).
+
+    Both parts are drawn from N(0, 0.02^2), a typical weight scale; the copied ones are rounded to FP16 first.
+
+    >>> copied, tuned = round_trip_checkpoint()
+    >>> copied.dtype, tuned.dtype, copied.numel() + tuned.numel()
+    (torch.float32, torch.float32, 1000)
+    """
+    generator = torch.Generator().manual_seed(CHECKPOINT_SEED)
+    copied = round_to_format(torch.randn(N_FROM_FP16, generator=generator) * WEIGHT_STD, "fp16")
+    tuned = torch.randn(N_TUNED, generator=generator) * WEIGHT_STD
+    return copied, tuned

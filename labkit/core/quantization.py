@@ -17,7 +17,7 @@ Granularity: ``"tensor"`` (one scale), ``"channel"`` (one scale per index along 
 Outlier-aware schemes: LLM.int8()'s mixed decomposition (Dettmers et al. 2022), SmoothQuant's migration
 (Xiao et al. 2023), and GPTQ (Frantar, Ashkboos, Hoefler and Alistarh, ICLR 2023, arXiv:2210.17323), written
 column by column as its Algorithm 1 without the lazy-batch speed-up, with the reference code's optional
-"act-order" (columns by descending Hessian diagonal). Used by lab 03. Left out: packing codes into bytes
+"act-order" (columns by descending Hessian diagonal). Used by labs 03 and 04. Left out: packing codes into bytes
 (counted, not packed), AWQ's scale search, FP8 scaling.
 """
 
@@ -392,7 +392,7 @@ def gptq(weight: torch.Tensor, inputs: torch.Tensor, bits: int = 4, group_size: 
     ``inputs``: calibration activations ``[n_samples, in]``. The layer objective ||W X^T - Q(W) X^T||^2 has the
     Hessian H = 2 X^T X; ``damp`` adds damp x mean(diag H) to the diagonal (the paper's 1 %), so the Cholesky
     factorization exists. With fewer samples than inputs (n_samples < in) H is singular before damping: GPTQ
-    then fits the calibration inputs far better than any other input (lab 03 measures it).
+    then fits the calibration inputs far better than any other input (lab 04 measures it).
 
     ``act_order``: quantize the columns in :func:`gptq_column_order`'s descending-diagonal order instead of left
     to right. A group's scale is then set from the group's (updated) weights when its first column comes up,

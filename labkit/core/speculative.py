@@ -24,7 +24,7 @@ so greedy speculative decoding is greedy decoding, token for token.
 Wrong variants met in the seed course and in learners' code are here too, by name (:data:`STEP_VARIANTS`), so the
 notebook and the tests can show them failing the same test. Left out: tree drafts (several branches per call),
 batches whose rows accept different numbers of drafts, and a verification cost above one target step (the runtime
-measures it). Used by lab 06.
+measures it). Used by lab 07.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ section's text is the body under its heading. Tokenizing section by section keep
 the concatenated ids are what the model reads, so each section is predicted with the sections before it as
 context (the lab's windows permitting).
 
-Used by lab 02 (perplexity per genre) and lab 03 (what quantization does to perplexity).
+Used by lab 02 (perplexity per genre) and lab 04 (what quantization does to perplexity).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Where the time of a generation goes: request metrics from timestamps, the cost of a step, the roofline.
 
-Used by lab 05 (prefill, decode, TTFT and TPOT). Three parts, in reading order:
+Used by lab 06 (prefill, decode, TTFT and TPOT). Three parts, in reading order:
 
 1. **Request metrics** from one generation's token emission times (seconds, or any one unit throughout):
    TTFT is the first emission minus the request start; the inter-token latencies (ITL) are the gaps between

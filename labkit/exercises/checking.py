@@ -58,7 +58,13 @@ class Mistake:
 
 
 def _dotted_name(item: Any) -> str:
-    return f"{getattr(item, '__module__', None) or '?'}.{getattr(item, '__qualname__', None) or item.__name__}"
+    """The public name a learner would type: ``torch.quantize_per_tensor``, not the private class torch's C
+    functions hang on (``torch._VariableFunctionsClass.quantize_per_tensor``)."""
+    name = getattr(item, "__name__", None)
+    for public in (torch, torch.nn.functional, torch.linalg):
+        if name and getattr(public, name, None) is item:
+            return f"{public.__name__}.{name}"
+    return f"{getattr(item, '__module__', None) or '?'}.{getattr(item, '__qualname__', None) or name}"
 
 
 @dataclass(frozen=True)

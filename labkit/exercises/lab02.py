@@ -361,7 +361,7 @@ PREDICT_TEMPERATURE = register(prediction(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Lesson 4.1's retrieve-and-predict question 5 (question 2 is lab 05's, where decode is taught)
+# Lesson 4.1's retrieve-and-predict question 5 (question 2 is lab 06's, where decode is taught)
 
 CACHE_TEST_CHOICES = {
     "a": "sample 20 tokens with each path from the same seed and compare the two texts",

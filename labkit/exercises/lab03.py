@@ -1,18 +1,15 @@
 """Lab 03's exercises: Lesson 4.1's question 3 (what an FP16 checkpoint loaded into FP32 gives back), symmetric
-per-channel fake quantization, affine quantization by MinMaxObserver's rule, and a prediction checked on the outlier
-visualizer.
+per-channel fake quantization, and affine quantization by MinMaxObserver's rule.
 
-Each exercise's task text in ``notebooks/solutions/03_numerics_quantization.ipynb`` states the rules used here.
+Each exercise's task text in ``notebooks/solutions/03_number_formats.ipynb`` states the rules used here.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from labkit.core.numerics import round_to_format
-from labkit.core.quantization import fake_quantize, outlier_channels
+from labkit.core.numerics import N_FROM_FP16, N_TUNED, round_to_format, round_trip_checkpoint
+from labkit.core.quantization import fake_quantize
 from labkit.exercises import register
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
@@ -30,24 +27,6 @@ def _random_matrix(generator: torch.Generator) -> torch.Tensor:
 
 # --------------------------------------------------------------------------------------------------------------
 # 03.predict_fp16_round_trip: Lesson 4.1's retrieve-and-predict question 3, answered before the notebook shows it
-
-N_FROM_FP16, N_TUNED, WEIGHT_STD, CHECKPOINT_SEED = 400, 600, 0.02, 3
-
-
-def round_trip_checkpoint() -> tuple[torch.Tensor, torch.Tensor]:
-    """The prediction's FP32 checkpoint, seeded: (400 weights copied from an FP16 release, 600 fine-tuned in FP32).
-
-    Both parts are drawn from N(0, 0.02^2), a typical weight scale; the copied ones are rounded to FP16 first.
-
-    >>> copied, tuned = round_trip_checkpoint()
-    >>> copied.dtype, tuned.dtype, copied.numel() + tuned.numel()
-    (torch.float32, torch.float32, 1000)
-    """
-    generator = torch.Generator().manual_seed(CHECKPOINT_SEED)
-    copied = round_to_format(torch.randn(N_FROM_FP16, generator=generator) * WEIGHT_STD, "fp16")
-    tuned = torch.randn(N_TUNED, generator=generator) * WEIGHT_STD
-    return copied, tuned
-
 
 def weights_back_exactly() -> float:
     """How many of the checkpoint's 1,000 weights equal their FP32 value after saving in FP16 and loading into FP32."""
@@ -221,38 +200,5 @@ AFFINE = register(
 )
 
 
-# --------------------------------------------------------------------------------------------------------------
-# 03.predict_outlier_channels: predict, then check on the visualizer
-
-PREDICT_PROMPT = "The Eiffel Tower is in Paris. It was finished in 1889 and is 330 metres tall."
-PREDICT_LAYER, PREDICT_THRESHOLD = 15, 6.0
-
-
-@functools.lru_cache(maxsize=1)
-def _linear_input() -> torch.Tensor:
-    from labkit import runtime
-    from labkit.runtime.models import load_model
-    from labkit.runtime.quantize import linear_inputs
-
-    lm = load_model(progress=False)
-    name = f"{runtime.layer_names(lm)[PREDICT_LAYER]}.self_attn.q_proj"  # k_proj and v_proj read the same tensor
-    return linear_inputs(lm, name, lm.text_ids(PREDICT_PROMPT)[0])  # [tokens, 576]
-
-
-def outlier_channels_on_the_model() -> float:
-    """How many of the 576 input channels of layer 15's q/k/v_proj reach |x| >= 6 on the visualizer's prompt: the
-    channels LLM.int8() would keep in float there."""
-    return float(outlier_channels(_linear_input(), PREDICT_THRESHOLD).sum())
-
-
-PREDICT = register(prediction(
-    "03.predict_outlier_channels", "Predict, then check: q/k/v_proj input channels reaching 6.0 at layer 15",
-    "predicted_outlier_channels", outlier_channels_on_the_model,
-    rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
-    asked=f"layer {PREDICT_LAYER}, input of q/k/v_proj, threshold {PREDICT_THRESHOLD}, prompt {PREDICT_PROMPT!r}",
-    hint="return your prediction as a number of channels (of 576); the Linear reads the residual stream divided "
-         "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold"))
-
-__all__ = ["AFFINE", "PER_CHANNEL", "PREDICT", "PREDICT_ROUND_TRIP", "affine_fake_quantize",
-           "fake_quantize_per_channel", "outlier_channels_on_the_model", "round_trip_checkpoint",
-           "weights_back_exactly"]
+__all__ = ["AFFINE", "PER_CHANNEL", "PREDICT_ROUND_TRIP", "affine_fake_quantize", "fake_quantize_per_channel",
+           "round_trip_checkpoint", "weights_back_exactly"]

@@ -1,4 +1,4 @@
-"""The KV-cache explorer (lab 04): does this model, at this batch and context, fit on this GPU?
+"""The KV-cache explorer (lab 05): does this model, at this batch and context, fit on this GPU?
 
 ``compute`` is pure: a preset model and GPU, the weight and KV formats, batch and context, an attention
 what-if (MHA / GQA / MQA), a tensor-parallel degree and the prefill (one pass, or chunks as vLLM and SGLang run
@@ -279,7 +279,7 @@ class MemoryExplorer(Explorer):
 
 
 def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB") -> MemoryExplorer:
-    """The lab 04 explorer (leave it last in a cell to show it)."""
+    """The lab 05 explorer (leave it last in a cell to show it)."""
     return MemoryExplorer(model, gpu)
 
 

@@ -1,4 +1,4 @@
-"""Lab 03's outlier visualizer: the embedded model's real activations, token x channel, at any layer.
+"""Lab 04's outlier visualizer: the embedded model's real activations, token x channel, at any layer.
 
 The model runs once per prompt (:func:`capture_activations`: the residual stream after every block and the
 input of every kind of Linear, through ``labkit.runtime.capture``). A slider move only re-runs :func:`compute`
@@ -425,7 +425,7 @@ class OutlierExplorer(Explorer):
 
 
 def outlier_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, layer: int = 15) -> OutlierExplorer:
-    """The lab 03 visualizer over ``lm`` (default: the embedded model)."""
+    """The lab 04 visualizer over ``lm`` (default: the embedded model)."""
     if lm is None:
         from labkit.runtime.models import load_model
 

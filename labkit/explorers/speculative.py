@@ -1,4 +1,4 @@
-"""Lab 06's simulator: acceptance rate, draft length and draft cost as sliders over Leviathan et al.'s closed forms.
+"""Lab 07's simulator: acceptance rate, draft length and draft cost as sliders over Leviathan et al.'s closed forms.
 
 Left panel: expected tokens per target call against gamma (the paper's curve and the optimization module's alpha * gamma + 1).
 Right panel: expected walltime improvement against gamma, the optimum marked, the break-even line at 1, and measured
@@ -230,5 +230,5 @@ class SpeculativeExplorer(Explorer):
 
 def speculative_explorer(alpha: float = 0.7, gamma: int = 4, cost_ratio: float = 0.1,
                          measured: Sequence[tuple[int, float]] = ()) -> SpeculativeExplorer:
-    """The lab 06 simulator."""
+    """The lab 07 simulator."""
     return SpeculativeExplorer(alpha, gamma, cost_ratio, measured)

@@ -1,4 +1,4 @@
-"""Lab 05's latency explorer, and the lab's other pictures (roofline, cached vs uncached steps, batching).
+"""Lab 06's latency explorer, and the lab's other pictures (roofline, cached vs uncached steps, batching).
 
 The explorer turns a :class:`labkit.core.timing.LatencyModel` calibrated from the learner's own measurements into
 predicted TTFT, TPOT, E2E and throughput for any prompt length, output length and batch size, with the measured
@@ -265,7 +265,7 @@ class TimingExplorer(Explorer):
 
 def timing_explorer(model: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
                     output_len: int = 16, max_batch: int = 16) -> TimingExplorer:
-    """The lab 05 explorer (leave it last in a cell to show it); a LatencyFit also marks where it extrapolates."""
+    """The lab 06 explorer (leave it last in a cell to show it); a LatencyFit also marks where it extrapolates."""
     return TimingExplorer(model, measured, prompt_len, output_len, max_batch)
 
 

@@ -17,7 +17,7 @@ attention mask and positions counted from each prompt's first real token, so eve
 the one it gets alone; the results come back in request order with each request's latency.
 
 Left out: beam search, repetition penalties, stop strings, continuous batching (a finished request's slot is not
-refilled). Used by lab 02 (and by labs 05 and 06 for timing and speculation).
+refilled). Used by lab 02 (and by labs 06 and 07 for timing and speculation).
 """
 
 from __future__ import annotations

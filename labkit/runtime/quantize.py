@@ -14,7 +14,7 @@ per-channel scales come from a calibration pass of the *shared* model over ``cal
 :func:`linear_inputs` captures one Linear's input over a text (GPTQ's calibration and held-out inputs), stopping
 the pass at that Linear.
 
-Used by lab 03 (the perplexity table, GPTQ's calibration). Left out: static activation scales, KV-cache
+Used by lab 04 (the perplexity table, GPTQ's calibration). Left out: static activation scales, KV-cache
 quantization, real integer kernels.
 """
 

@@ -3,7 +3,7 @@
 The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.TextScore`) is the core's
 ``labkit.core.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
 
-Used by lab 02 (perplexity of the evaluation text) and lab 03 (what quantization costs in perplexity).
+Used by lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity).
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ Drafters:
 Greedy output equals plain greedy decoding token for token whatever the drafter (the draft only decides how many
 tokens one pass yields), with one caveat, measured rather than assumed: the target scores a block of k + 1 tokens in
 one pass, and a block's float reductions round differently from k + 1 single-token passes, so a step whose best two
-logits are nearly tied could flip. The tests and lab 06 compare with plain greedy only on outputs whose every step
+logits are nearly tied could flip. The tests and lab 07 compare with plain greedy only on outputs whose every step
 is far from a tie (``runtime.generation.greedy_margins`` above ``core.sampling.CLEAR_MARGIN``).
 
 Left out: batches (rows would accept different numbers of drafts), tree drafts, a separate draft model.
-Used by lab 06.
+Used by lab 07.
 """
 
 from __future__ import annotations

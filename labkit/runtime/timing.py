@@ -1,4 +1,4 @@
-"""Measuring where the time of a generation goes, on this machine: lab 05's measurements.
+"""Measuring where the time of a generation goes, on this machine: lab 06's measurements.
 
 Every generation is timed through labkit's one loop, ``generation.generate(on_step=...)``: the callback stamps
 each token's emission with ``time.perf_counter()`` (the device synchronized by the loop), and the request metrics
