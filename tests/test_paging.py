@@ -3,7 +3,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labkit.core.memory import kv_bytes_per_token
-from labkit.core.paging import Request, request_stream, simulate_kv_allocation
+from labkit.core.paging import (
+    EVENT_KINDS, Request, replay_block_events, request_events, request_stream, simulate_kv_allocation,
+)
 from labkit.core.presets import model_preset
 from labkit.core.spec import ModelSpec
 
@@ -82,3 +84,40 @@ def test_paged_waste_is_less_than_one_block_per_request(stream, block_size):
 def test_errors_name_argument_and_value(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# ----- the block table, event by event -----
+
+def test_block_replay_wastes_what_the_snapshot_counts_as_last_block_bytes():
+    requests = request_stream(300, seed=3, prompt_len=(1, 200), output_len=(1, 100))
+    for block_size in (1, 7, 16, 64):
+        replay = replay_block_events(request_events(requests), n_blocks=10**6, block_size=block_size)
+        report = simulate_kv_allocation(requests, FOUR_BYTES, "paged", block_size=block_size)
+        assert replay.refused == [] and replay.wasted_slots * 4 == report.last_block_bytes
+        assert (10**6 - replay.free_blocks) * block_size * 4 == report.reserved_bytes
+
+
+@given(st.lists(st.tuples(st.sampled_from(EVENT_KINDS), st.integers(0, 5), st.integers(1, 20)), max_size=30),
+       st.integers(0, 12), st.integers(1, 8))
+def test_block_replay_never_hands_out_a_block_twice(events, n_blocks, block_size):
+    events = [(kind, request, 0 if kind == "free" else n) for kind, request, n in events]
+    seen, safe = set(), []
+    for kind, request, n in events:  # each request id allocated once
+        if kind == "allocate" and request in seen:
+            continue
+        seen.add(request)
+        safe.append((kind, request, n))
+    replay = replay_block_events(safe, n_blocks, block_size)
+    held = [block for blocks in replay.block_tables.values() for block in blocks]
+    assert len(held) == len(set(held)) and set(held) <= set(range(n_blocks))
+    assert replay.free_blocks + len(held) == n_blocks
+    assert 0 <= replay.wasted_slots < block_size * len(replay.block_tables) or not replay.block_tables
+
+
+def test_a_refused_event_changes_nothing_and_freed_blocks_are_reused_lowest_first():
+    events = [("allocate", 0, 8), ("allocate", 1, 5), ("append", 0, 1), ("free", 1, 0), ("free", 0, 0),
+              ("allocate", 2, 1)]
+    replay = replay_block_events(events, n_blocks=3, block_size=4)
+    assert replay == ({2: [0]}, 2, 3, [1])
+    with pytest.raises(ValueError, match="kind"):
+        replay_block_events([("grow", 0, 1)], 2, 4)

@@ -5,13 +5,15 @@ serving systems did before vLLM; a "paged" one hands out blocks of block_size to
 2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention", arXiv:2309.06180;
 vLLM's default block is 16 tokens). The report is a snapshot with every request at its final length, the
 peak of its life; it leaves out arrival and departure times, preemption, prefix sharing and the per-block
-table, so it compares layouts, not schedulers.
+table, so it compares layouts, not schedulers. The block table itself, event by event over a fixed pool, is
+:class:`BlockAllocator` (:func:`replay_block_events`; the reference of lab 05's allocator exercise).
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -134,3 +136,116 @@ def simulate_kv_allocation(requests: Sequence[Request], spec: ModelSpec, policy:
         last_block_bytes=waste * token_bytes if policy == "paged" else 0,
         requests_fit=requests_fit,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The block table itself: a fixed pool of blocks, handed out and taken back event by event
+
+EVENT_KINDS = ("allocate", "append", "free")
+
+
+class BlockReplay(NamedTuple):
+    """What a pool of KV blocks looks like after a list of events (see :func:`replay_block_events`)."""
+
+    block_tables: dict[int, list[int]]  # every live request's blocks, in the order they were handed out
+    free_blocks: int  # blocks in the pool that no request holds
+    wasted_slots: int  # token slots held by live requests but not written (internal fragmentation)
+    refused: list[int]  # indices of the allocate and append events the pool could not serve
+
+
+class BlockAllocator:
+    """A pool of ``n_blocks`` KV blocks of ``block_size`` tokens and one block table per request.
+
+    A request of n tokens holds ceil(n / block_size) blocks; a new block is taken only when its last one is full.
+    Blocks are handed out lowest-numbered first, and a freed request's blocks go back to the pool at once. An
+    allocate or append that needs more blocks than are free is refused whole (nothing changes). This is the
+    bookkeeping of vLLM's PagedAttention without prefix sharing, copy-on-write or preemption.
+
+    >>> pool = BlockAllocator(n_blocks=4, block_size=4)
+    >>> pool.allocate(0, 5), pool.append(0, 3), pool.block_tables, pool.free_blocks, pool.wasted_slots
+    (True, True, {0: [0, 1]}, 2, 0)
+    """
+
+    def __init__(self, n_blocks: int, block_size: int) -> None:
+        self.n_blocks = integer("n_blocks", n_blocks, min=0)
+        self.block_size = integer("block_size", block_size, min=1)
+        self._free = list(range(self.n_blocks))  # a heap: the lowest-numbered free block first
+        self._tables: dict[int, list[int]] = {}
+        self._tokens: dict[int, int] = {}
+
+    def blocks_for(self, n_tokens: int) -> int:
+        """Blocks that hold n_tokens tokens: ceil(n_tokens / block_size)."""
+        return -(-n_tokens // self.block_size)
+
+    def _grow(self, request_id: int, n_tokens: int) -> bool:
+        total = self._tokens.get(request_id, 0) + n_tokens
+        needed = self.blocks_for(total) - len(self._tables.get(request_id, ()))
+        if needed > len(self._free):
+            return False
+        self._tables.setdefault(request_id, []).extend(heapq.heappop(self._free) for _ in range(needed))
+        self._tokens[request_id] = total
+        return True
+
+    def allocate(self, request_id: int, n_tokens: int) -> bool:
+        """A new request with an n_tokens prompt; False (and nothing held) when the pool is short of blocks."""
+        if request_id in self._tables:
+            raise ValueError(f"request {request_id!r} is already allocated")
+        return self._grow(request_id, integer("n_tokens", n_tokens, min=1))
+
+    def append(self, request_id: int, n_tokens: int = 1) -> bool:
+        """n_tokens more tokens for a live request (a request that is not live is left alone: True)."""
+        n_tokens = integer("n_tokens", n_tokens, min=1)
+        return self._grow(request_id, n_tokens) if request_id in self._tables else True
+
+    def free(self, request_id: int) -> None:
+        """A request ends: its blocks go back to the pool (a request that is not live: nothing happens)."""
+        for block in self._tables.pop(request_id, ()):
+            heapq.heappush(self._free, block)
+        self._tokens.pop(request_id, None)
+
+    @property
+    def block_tables(self) -> dict[int, list[int]]:
+        return {request_id: list(blocks) for request_id, blocks in self._tables.items()}
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def wasted_slots(self) -> int:
+        return sum(len(self._tables[request_id]) * self.block_size - tokens
+                   for request_id, tokens in self._tokens.items())
+
+
+def replay_block_events(events: Sequence[tuple[str, int, int]], n_blocks: int, block_size: int) -> BlockReplay:
+    """Run ("allocate", request, tokens), ("append", request, tokens) and ("free", request, 0) events on a
+    :class:`BlockAllocator` and report the block tables, the free blocks, the wasted slots and the refusals.
+
+    >>> events = [("allocate", 0, 5), ("allocate", 1, 6), ("free", 0, 0), ("append", 1, 3), ("allocate", 2, 9)]
+    >>> replay_block_events(events, n_blocks=4, block_size=4)
+    BlockReplay(block_tables={1: [2, 3, 0]}, free_blocks=1, wasted_slots=3, refused=[4])
+    """
+    pool = BlockAllocator(n_blocks, block_size)
+    refused = []
+    for index, event in enumerate(events):
+        if not isinstance(event, (tuple, list)) or len(event) != 3:
+            raise fail(TypeError, f"events[{index}]", "a (kind, request_id, n_tokens) triple", event)
+        kind, request_id, n_tokens = event
+        choice(f"events[{index}] kind", kind, EVENT_KINDS)
+        if kind == "free":
+            pool.free(request_id)
+        elif not (pool.allocate if kind == "allocate" else pool.append)(request_id, n_tokens):
+            refused.append(index)
+    return BlockReplay(pool.block_tables, pool.free_blocks, pool.wasted_slots, refused)
+
+
+def request_events(requests: Sequence[Request]) -> list[tuple[str, int, int]]:
+    """Every request's prompt allocated, then its output appended one token at a time, nothing freed.
+
+    >>> request_events([Request(3, 2)])
+    [('allocate', 0, 3), ('append', 0, 1), ('append', 0, 1)]
+    """
+    events = [("allocate", index, request.prompt_len) for index, request in enumerate(requests)]
+    for index, request in enumerate(requests):
+        events += [("append", index, 1)] * request.output_len
+    return events
