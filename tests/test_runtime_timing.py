@@ -143,3 +143,12 @@ def test_transformers_generate_timed_the_same_way_gives_the_same_tokens(embedded
     assert float(greedy_margins(embedded, ids, ours).min()) > CLEAR_MARGIN  # two loops: no near-tie to flip
     assert torch.equal(new_ids, ours)
     assert request_metrics([metrics.ttft_s], 0.0).ttft_s == metrics.ttft_s
+
+
+def test_greedy_steps_run_the_greedy_loop_one_step_at_a_time(embedded, ids):
+    step = rt.GreedySteps(embedded, ids)
+    expected = generate(embedded, ids, 4).new_token_ids[0].tolist()
+    for _ in range(2):  # step(0) starts the request again
+        assert [step(k) for k in range(4)] == expected
+    with pytest.raises(ValueError, match="step\\(0\\) starts a request"):
+        rt.GreedySteps(embedded, ids)(1)

@@ -310,3 +310,24 @@ def test_extrapolation_is_named_exactly_outside_the_measured_range():
 def test_request_metrics_is_a_plain_dataclass():
     assert RequestMetrics(1, 0.1, (), None, 0.1).tokens_per_s == 10
     assert inter_token_latencies([1.0]) == ()
+
+
+def test_a_scripted_clock_moves_only_with_its_steps():
+    from copy import deepcopy
+
+    from labkit.core.timing import ScriptedClock, ScriptedSteps
+
+    clock = ScriptedClock(10.0)
+    step = ScriptedSteps(clock, [[1.0, 0.5], [0.25]])
+    copied_step, copied_clock = deepcopy((step, clock))
+    assert copied_step.clock is copied_clock  # copied together, they stay joined
+    for k in range(3):
+        step(k)
+    assert clock() == 12.0 and step.requests == 1
+    step(0), step(5)
+    assert clock() == 12.5 and step.requests == 2  # request 2 uses the last row, its last value
+    assert copied_clock == clock and copied_clock() == 10.0 and copied_step == step  # equal: same script
+    with pytest.raises(ValueError):
+        clock.advance(-1.0)
+    with pytest.raises(ValueError):
+        ScriptedSteps(clock, [[]])

@@ -179,6 +179,79 @@ def spread(samples: Sequence[float]) -> Spread:
                   len(values))
 
 
+class ScriptedClock:
+    """A clock that moves only when told to, so a timing harness can be checked against known durations.
+
+    Called, it returns the time now (in seconds from an arbitrary origin, as ``time.perf_counter``); ``advance``
+    moves it on. Two clocks are equal when they started at the same time (a checker copies them).
+
+    >>> clock = ScriptedClock(100.0)
+    >>> clock.advance(0.25); clock()
+    100.25
+    """
+
+    def __init__(self, start_s: float = 0.0) -> None:
+        self.start_s = real("start_s", start_s)
+        self.now_s = self.start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += real("seconds", seconds, min=0)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScriptedClock) and other.start_s == self.start_s
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ScriptedClock(started at {self.start_s:g} s, now {self.now_s:g} s)"
+
+
+class ScriptedSteps:
+    """A generation whose steps take known times on a :class:`ScriptedClock`: ``step(k)`` advances the clock.
+
+    ``step(0)`` starts the next request (its prefill and first token), ``step(k)`` for k >= 1 produces token k + 1.
+    ``durations[r][k]`` is step k of request r, in seconds; a request beyond the table repeats its last row and a
+    step beyond a row its row's last value. Equal when the clock and the table are (a checker copies them).
+
+    >>> clock = ScriptedClock()
+    >>> step = ScriptedSteps(clock, [[0.5, 0.25], [0.125, 0.0625]])
+    >>> for k in range(3):
+    ...     step(k)
+    >>> clock(), step.requests
+    (1.0, 1)
+    >>> step(0); step(1); clock(), step.requests
+    (1.1875, 2)
+    """
+
+    def __init__(self, clock: ScriptedClock, durations: Sequence[Sequence[float]]) -> None:
+        instance("clock", clock, ScriptedClock, "a ScriptedClock")
+        self.clock = clock
+        self.durations = tuple(tuple(real("durations", d, min=0) for d in row) for row in durations)
+        if not self.durations or not all(self.durations):
+            raise fail(ValueError, "durations", "a non-empty table of non-empty rows", durations)
+        self.requests = 0  # step(0) calls so far
+
+    def __call__(self, k: int) -> None:
+        k = integer("k", k, min=0)
+        if k == 0:
+            self.requests += 1
+        row = self.durations[min(max(self.requests - 1, 0), len(self.durations) - 1)]
+        self.clock.advance(row[min(k, len(row) - 1)])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ScriptedSteps) and (other.clock, other.durations) == (self.clock, self.durations)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        first = self.durations[0]
+        return (f"ScriptedSteps({len(self.durations)} scripted requests; the first: prefill {first[0]:g} s, "
+                f"then {len(first) - 1} decode steps)")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 2. The cost of one forward step
 
@@ -405,6 +478,12 @@ class LatencyModel:
         step = None if output_len == 1 else self.decode_step_s(batch_size, prompt_len + (output_len - 2) / 2)
         e2e = e2e_estimate(ttft, step, output_len)
         return LatencyPrediction(ttft, step, e2e, batch_size * output_len / e2e)
+
+
+# A CPU like a laptop's, in seconds: prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms (the weights'
+# read) + 6 ms per sequence + 2 us per cached token. Lab 06's predictions about batching are asked on it.
+EXAMPLE_CPU = LatencyModel(prefill_fixed_s=0.020, prefill_per_token_s=0.0015, decode_fixed_s=0.070,
+                           decode_per_sequence_s=0.006, decode_per_cached_token_s=2e-6)
 
 
 def nonnegative_least_squares(features: np.ndarray, targets: np.ndarray) -> np.ndarray:

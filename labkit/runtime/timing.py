@@ -147,6 +147,34 @@ def measure_generation(lm: Any, input_ids: torch.Tensor, max_new_tokens: int, *,
     return RepeatedRuns(runs, warmup, held)
 
 
+class GreedySteps:
+    """A real generation one step at a time, for a timing harness written by hand: ``step(k)`` runs step k.
+
+    ``step(0)`` starts a request: it prefills ``prompt_ids`` (``[1, prompt_len]``) and chooses the first token;
+    ``step(k)`` for k >= 1 decodes the next one from the cache (greedy). Each call returns the chosen token id
+    with the device synchronized, so a clock read after it sees the token's emission.
+    """
+
+    def __init__(self, lm: Any, prompt_ids: torch.Tensor) -> None:
+        validation.tensor("prompt_ids", prompt_ids, kind="int", ndim=2, shape="[1, prompt_len]", nonempty=True)
+        self.lm, self.prompt_ids = lm, prompt_ids
+        self._token: torch.Tensor | None = None
+        self._cache: Any = None
+
+    def __call__(self, k: int) -> int:
+        k = validation.integer("k", k, min=0)
+        if k > 0 and self._cache is None:
+            raise ValueError("step(0) starts a request (the prefill); call it before step(1)")
+        with torch.inference_mode():
+            if k == 0:
+                logits, self._cache = prefill(self.lm, self.prompt_ids)
+            else:
+                logits, self._cache = decode_one_token(self.lm, self._token, self._cache)
+            self._token = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
+        synchronize(model_device(self.lm))
+        return int(self._token[0, 0])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Cached against uncached decoding
 
