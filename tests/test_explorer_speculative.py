@@ -12,7 +12,7 @@ from labkit.explorers.speculative import (MAX_GAMMA, STRIP_CALLS, SpeculativeExp
 def test_compute_is_the_core_closed_form():
     view = compute(0.7, 4, 0.1)
     assert view.tokens_per_call[4] == pytest.approx(sp.expected_tokens_per_call(0.7, 4))
-    assert view.seed_tokens_per_call[4] == pytest.approx(3.8)
+    assert view.popular_tokens_per_call[4] == pytest.approx(3.8)
     assert view.improvement[4] == pytest.approx(sp.walltime_improvement(0.7, 4, 0.1))
     assert view.best_gamma == sp.optimal_gamma(0.7, 0.1, max_gamma=MAX_GAMMA)
     assert view.break_even_alpha == pytest.approx(sp.break_even_alpha(4, 0.1))

@@ -27,11 +27,11 @@ def test_expected_tokens_by_hand():
     assert sp.expected_tokens_per_call(1 - 1e-12, 4) == pytest.approx(5.0, rel=1e-11)
 
 
-def test_the_seed_formula_against_the_paper():
-    assert sp.seed_expected_tokens(0.7, 4) == pytest.approx(3.8)
+def test_the_popular_formula_against_the_paper():
+    assert sp.popular_expected_tokens(0.7, 4) == pytest.approx(3.8)
     assert round(sp.expected_tokens_per_call(0.7, 4), 4) == 2.7731
     assert sp.walltime_improvement(0.7, 4, 0.1) == pytest.approx(2.77309 / 1.4, abs=1e-5)
-    assert sp.seed_speedup(0.7, 4, 0.1) == pytest.approx(3.8 / 1.4)
+    assert sp.popular_speedup(0.7, 4, 0.1) == pytest.approx(3.8 / 1.4)
 
 
 def test_optimal_gamma_and_break_even_by_hand():
@@ -86,7 +86,7 @@ def test_closed_form_equals_the_sum_and_lies_between_1_and_gamma_plus_1(alpha, g
     value = sp.expected_tokens_per_call(alpha, gamma)
     assert value == pytest.approx(sum(alpha**i for i in range(gamma + 1)), rel=1e-9)
     assert 1.0 <= value <= gamma + 1 + 1e-12
-    assert value <= sp.seed_expected_tokens(alpha, gamma) + 1e-12  # the seed always overestimates (or ties)
+    assert value <= sp.popular_expected_tokens(alpha, gamma) + 1e-12  # the popular formula always overestimates (or ties)
     assert sp.expected_tokens_varying([alpha] * gamma) == pytest.approx(value, rel=1e-9)
 
 

@@ -17,11 +17,13 @@ Model Decoding with Speculative Sampling") swap them. labkit never uses either l
 The sampling step (:func:`speculative_step`) accepts draft token ``x`` with probability
 ``min(1, target_probs[x] / draft_probs[x])``; at the first rejection it draws from the residual
 ``normalize(max(0, target_probs - draft_probs))``; when every draft passes it draws the bonus token from the target's
-next row. Its output is distributed exactly as the target's (Leviathan et al., appendix A.1); :func:`chi_square_test`
-checks that by counting. Greedy acceptance (:func:`greedy_accept`) keeps drafts while they equal the target's argmax,
-so greedy speculative decoding is greedy decoding, token for token.
+next row. Its output is distributed exactly as the target's (Leviathan et al., appendix A.1); :func:`lossless_test`
+checks that by counting. :func:`speculative_round` is the same round with its random numbers passed in (lab 07's
+exercise; :func:`round_as_step` runs such a round through the counting test). Greedy acceptance
+(:func:`greedy_accept`) keeps drafts while they equal the target's argmax, so greedy speculative decoding is greedy
+decoding, token for token.
 
-Wrong variants met in the seed course and in learners' code are here too, by name (:data:`STEP_VARIANTS`), so the
+Wrong variants met in the course's readings and in learners' code are here too, by name (:data:`STEP_VARIANTS`), so the
 notebook and the tests can show them failing the same test. Left out: tree drafts (several branches per call),
 batches whose rows accept different numbers of drafts, and a verification cost above one target step (the runtime
 measures it). Used by lab 07.
@@ -72,10 +74,10 @@ def expected_tokens_per_call(alpha: float, gamma: int) -> float:
     return -math.expm1((gamma + 1) * math.log(alpha)) / (1.0 - alpha)
 
 
-def seed_expected_tokens(alpha: float, gamma: int) -> float:
-    """The seed course's ``alpha * gamma + 1``: wrong, it ignores that drafts after a rejection are never examined.
+def popular_expected_tokens(alpha: float, gamma: int) -> float:
+    """A popular formula's ``alpha * gamma + 1``: wrong, it ignores that drafts after a rejection are never examined.
 
-    >>> seed_expected_tokens(0.7, 4)  # the paper's formula gives 2.7731
+    >>> popular_expected_tokens(0.7, 4)  # the paper's formula gives 2.7731
     3.8
     """
     return _alpha(alpha) * _gamma(gamma) + 1.0
@@ -117,13 +119,14 @@ def request_speedup(alpha: float, gamma: int, cost_ratio: float, n_tokens: int, 
     return (prefill_ratio + decode_steps) / (prefill_ratio + calls * (gamma * cost_ratio + verify_ratio))
 
 
-def seed_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
-    """The seed's ``analyze_speedup``: the same cost, with the wrong ``alpha * gamma + 1`` tokens per call.
+def popular_speedup(alpha: float, gamma: int, cost_ratio: float) -> float:
+    """The popular formula's speedup (an ``analyze_speedup`` in the course's readings): the same cost, with the
+    wrong ``alpha * gamma + 1`` tokens per call.
 
-    >>> round(seed_speedup(0.7, 4, 0.1), 4)  # 3.8 / 1.4
+    >>> round(popular_speedup(0.7, 4, 0.1), 4)  # 3.8 / 1.4
     2.7143
     """
-    return seed_expected_tokens(alpha, gamma) / (_gamma(gamma) * _cost(cost_ratio) + 1.0)
+    return popular_expected_tokens(alpha, gamma) / (_gamma(gamma) * _cost(cost_ratio) + 1.0)
 
 
 def optimal_gamma(alpha: float, cost_ratio: float, max_gamma: int = 64) -> int:
@@ -142,7 +145,7 @@ def break_even_alpha(gamma: int, cost_ratio: float) -> float:
     """The acceptance rate at which ``gamma`` drafts of relative cost ``cost_ratio`` exactly pay for themselves.
 
     The improvement grows with alpha, so bisection finds the root of ``improvement = 1`` (1 when even alpha = 1
-    does not pay; 0 when drafts are free). At ``gamma = 1`` it is ``cost_ratio`` itself, the seed's rule.
+    does not pay; 0 when drafts are free). At ``gamma = 1`` it is ``cost_ratio`` itself, the popular rule.
 
     >>> break_even_alpha(1, 0.1)
     0.1
@@ -298,8 +301,65 @@ def speculative_step(target_probs: torch.Tensor, draft_probs: torch.Tensor, draf
     return len(draft_ids), draw(target_probs[len(draft_ids)], generator)  # every draft passed: the bonus token
 
 
+def draw_with_uniform(probs: torch.Tensor, uniform: float | torch.Tensor) -> int:
+    """The token a number ``uniform`` in [0, 1) picks from ``probs`` ``[vocab]`` (need not sum to one): the first
+    token whose cumulative share of the total exceeds it (inverse-CDF sampling). A zero entry is never picked.
+
+    >>> probs = torch.tensor([0.5, 0.0, 0.5], dtype=torch.float64)
+    >>> draw_with_uniform(probs, 0.25), draw_with_uniform(probs, 0.5), draw_with_uniform(2 * probs, 0.75)
+    (0, 2, 2)
+    """
+    cumulative = probs.double().cumsum(0)
+    point = torch.tensor([float(uniform)], dtype=torch.float64) * cumulative[-1]
+    return min(int(torch.searchsorted(cumulative, point, right=True)[0]), probs.shape[0] - 1)
+
+
+def speculative_round(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_ids: Sequence[int],
+                      uniforms: torch.Tensor) -> list[int]:
+    """One round of speculative sampling with its random numbers passed in: the tokens it emits, in order.
+
+    ``target_probs`` ``[gamma + 1, vocab]``, ``draft_probs`` ``[gamma, vocab]``, ``draft_ids`` the ``gamma`` drafted
+    tokens, ``uniforms`` ``[gamma + 1]`` numbers in [0, 1). ``uniforms[i]`` judges draft ``i`` (accepted when
+    ``uniforms[i] < target_probs[i, x] / draft_probs[i, x]``, strictly); ``uniforms[gamma]`` picks the target's own
+    token with :func:`draw_with_uniform`: from the residual at the first rejection, from the bonus row
+    ``target_probs[gamma]`` when every draft passes. The same rule as :func:`speculative_step`, made deterministic.
+
+    >>> target = torch.tensor([[0.0, 1.0], [0.3, 0.7]], dtype=torch.float64)
+    >>> draft = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
+    >>> speculative_round(target, draft, [0], torch.tensor([0.1, 0.2])), speculative_round(
+    ...     target, draft, [1], torch.tensor([0.1, 0.2]))
+    ([1], [1, 0])
+    """
+    gamma = len(draft_ids)
+    for position, token in enumerate(draft_ids):
+        target_p, draft_p = float(target_probs[position, token]), float(draft_probs[position, token])
+        if float(uniforms[position]) * draft_p >= target_p:  # rejected: u >= target/draft, without dividing
+            residual = residual_probs(target_probs[position], draft_probs[position])
+            return [int(token) for token in draft_ids[:position]] + [draw_with_uniform(residual, uniforms[gamma])]
+    return [int(token) for token in draft_ids] + [draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+RoundFunction = Callable[[torch.Tensor, torch.Tensor, Sequence[int], torch.Tensor], "list[int]"]
+
+
+def round_as_step(round_function: RoundFunction) -> Callable[..., list[int]]:
+    """A round written with its uniforms passed in (:func:`speculative_round`'s signature), as a step
+    :func:`lossless_test` can run: each call draws ``gamma + 1`` seeded uniforms and returns the emitted tokens.
+
+    >>> step = round_as_step(speculative_round)
+    >>> target = torch.tensor([[0.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
+    >>> step(target, torch.tensor([[0.5, 0.5]], dtype=torch.float64), [0], torch.Generator().manual_seed(0))
+    [1]
+    """
+    def step(target_probs, draft_probs, draft_ids, generator):
+        uniforms = torch.rand(len(draft_ids) + 1, generator=generator, dtype=torch.float64)
+        return [int(token) for token in round_function(target_probs, draft_probs, list(draft_ids), uniforms)]
+
+    return step
+
+
 def _step_no_bonus(target_probs, draft_probs, draft_ids, generator):
-    """The seed's decoder: when every draft passes, no bonus token (still exact in distribution, but slower)."""
+    """The readings' decoder: when every draft passes, no bonus token (still exact in distribution, but slower)."""
     n, token = speculative_step(target_probs, draft_probs, draft_ids, generator)
     return (n, None) if n == len(draft_ids) else (n, token)
 
@@ -323,7 +383,7 @@ def _step_absolute_residual(target_probs, draft_probs, draft_ids, generator):
 
 
 def _step_accept_if_greater(target_probs, draft_probs, draft_ids, generator):
-    """The seed's interview answer: accept where p_target >= p_draft, with no random draw."""
+    """The readings' interview answer: accept where p_target >= p_draft, with no random draw."""
     for position, token in enumerate(draft_ids):
         if float(target_probs[position, token]) < float(draft_probs[position, token]):
             return position, draw(residual_probs(target_probs[position], draft_probs[position]), generator)
@@ -366,6 +426,23 @@ def random_markov_pair(vocab: int, generator: torch.Generator, sharpness: float 
     return target_table, draft_table
 
 
+def context_free_pair(target_row: torch.Tensor, draft_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft tables ``[vocab, vocab]`` float64 whose every row is the same distribution: each draft
+    position is then accepted with the same ``alpha = acceptance_rate(target_row, draft_row)``, the closed form's
+    setting, so a round's measured tokens per call can be held against ``expected_tokens_per_call``.
+
+    >>> target, draft = context_free_pair(torch.tensor([0.5, 0.5]), torch.tensor([0.25, 0.75]))
+    >>> target.tolist(), draft.tolist()
+    ([[0.5, 0.5], [0.5, 0.5]], [[0.25, 0.75], [0.25, 0.75]])
+    """
+    _probs("target_row", target_row), _probs("draft_row", draft_row)
+    if target_row.dim() != 1 or target_row.shape != draft_row.shape:
+        raise ValueError(f"target_row and draft_row must be two [vocab] tensors of the same length, got shapes "
+                         f"{tuple(target_row.shape)} and {tuple(draft_row.shape)}")
+    vocab = target_row.shape[0]
+    return (target_row.double().expand(vocab, vocab).clone(), draft_row.double().expand(vocab, vocab).clone())
+
+
 @dataclass(frozen=True)
 class LosslessTest:
     """Counts of the first ``n_tokens`` tokens speculative decoding produced from one start, against the target."""
@@ -397,7 +474,8 @@ def lossless_test(target_table: torch.Tensor, draft_table: torch.Tensor, gamma: 
     the continuations' counts with the target chain's exact probabilities (Pearson chi-square).
 
     Also counts tokens per target call in each run's first call, against the exact expectation for these tables,
-    so a step that is lossless but wastes tokens (no bonus) shows up too.
+    so a step that is lossless but wastes tokens (no bonus) shows up too. ``step`` returns ``(drafts accepted,
+    the added token or None)`` like :func:`speculative_step`, or the list of emitted tokens (:func:`round_as_step`).
     """
     vocab = target_table.shape[0]
     gamma = _gamma(gamma)
@@ -419,8 +497,14 @@ def lossless_test(target_table: torch.Tensor, draft_table: torch.Tensor, gamma: 
             chain = [produced[-1] if produced else start, *draft_ids]
             target_rows = target_table[torch.tensor(chain)]  # [gamma + 1, vocab]
             draft_probs = torch.stack(draft_rows) if draft_rows else torch.empty(0, vocab, dtype=target_table.dtype)
-            n_accepted, extra = step(target_rows, draft_probs, draft_ids, generator)
-            new = draft_ids[:n_accepted] + ([] if extra is None else [extra])
+            result = step(target_rows, draft_probs, draft_ids, generator)
+            if isinstance(result, list):  # a round that returns the tokens it emits (round_as_step)
+                new = result
+            else:
+                n_accepted, extra = result
+                new = draft_ids[:n_accepted] + ([] if extra is None else [extra])
+            if not new:
+                raise ValueError("a speculative round emitted no token: every round must add at least one")
             if first:
                 first_call_tokens[run] = len(new)
                 first = False

@@ -1,6 +1,6 @@
 """Lab 07's simulator: acceptance rate, draft length and draft cost as sliders over Leviathan et al.'s closed forms.
 
-Left panel: expected tokens per target call against gamma (the paper's curve and the optimization module's alpha * gamma + 1).
+Left panel: expected tokens per target call against gamma (the paper's curve and a popular formula's alpha * gamma + 1).
 Right panel: expected walltime improvement against gamma, the optimum marked, the break-even line at 1, and measured
 (gamma, speedup) points from real runs when given. Below: a strip of seeded simulated calls, each a row of accepted
 (green), rejected (red), never examined (grey) and bonus (blue) tokens. Everything shown comes from
@@ -36,7 +36,7 @@ class SpeculativeView:
     varying: bool  # alpha decays by position (alpha, alpha * 0.9, ...)
     gammas: tuple[int, ...]  # 0..MAX_GAMMA
     tokens_per_call: tuple[float, ...]  # the paper's, per gamma
-    seed_tokens_per_call: tuple[float, ...]  # the optimization module's alpha * gamma + 1, per gamma
+    popular_tokens_per_call: tuple[float, ...]  # the popular formula alpha * gamma + 1, per gamma
     improvement: tuple[float, ...]  # walltime improvement per gamma
     best_gamma: int
     break_even_alpha: float  # at this gamma and c
@@ -73,7 +73,7 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
             cells += ["bonus"]
         strip.append(tuple(cells))
     return SpeculativeView(alpha, gamma, cost_ratio, varying, gammas, tokens,
-                           tuple(sp.seed_expected_tokens(alpha, g) for g in gammas), improvement, best,
+                           tuple(sp.popular_expected_tokens(alpha, g) for g in gammas), improvement, best,
                            sp.break_even_alpha(gamma, cost_ratio), tuple(strip), simulation.mean_tokens,
                            simulation.standard_error)
 
@@ -81,7 +81,8 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
 def summary_html(view: SpeculativeView) -> str:
     g = view.gamma
     rows = [
-        ("tokens per call at γ = %d" % g, f"{view.tokens_per_call[g]:.4f} (module's αγ + 1: {view.seed_tokens_per_call[g]:.4f})"),
+        ("tokens per call at γ = %d" % g,
+         f"{view.tokens_per_call[g]:.4f} (popular formula αγ + 1: {view.popular_tokens_per_call[g]:.4f})"),
         ("simulated (2,000 calls)", f"{view.simulated_tokens_per_call:.4f} ± {view.simulated_standard_error:.4f}"),
         ("walltime improvement", f"{view.improvement[g]:.4f}×"),
         ("best γ here", f"{view.best_gamma} ({view.improvement[view.best_gamma]:.4f}×)"),
@@ -127,7 +128,8 @@ class SpeculativePlot:
         # Animated artists are left out of the background and drawn by hand on every move.
         (self.paper_line,) = self.tokens_axes.plot(xs, xs, "o-", ms=3, color="#0969da", label="paper",
                                                    animated=True)
-        (self.seed_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="module: αγ + 1", animated=True)
+        (self.popular_line,) = self.tokens_axes.plot(xs, xs, "--", color="#cf222e", label="popular formula: αγ + 1",
+                                                     animated=True)
         (self.tokens_marker,) = self.tokens_axes.plot([0], [0], "o", ms=8, mfc="none", color="black", animated=True)
         self.tokens_axes.set(xlabel="γ (drafts per call)", ylabel="tokens per target call")
         self.tokens_axes.legend(fontsize=8, loc="upper left")
@@ -155,7 +157,7 @@ class SpeculativePlot:
         """Set these y limits and draw the animated artists over their background."""
         self.tokens_axes.set_ylim(0, limits[0])
         self.speed_axes.set_ylim(0, limits[1])
-        self.canvas.blit(limits, [self.paper_line, self.seed_line, self.tokens_marker, self.speed_line,
+        self.canvas.blit(limits, [self.paper_line, self.popular_line, self.tokens_marker, self.speed_line,
                                   self.best_marker, self.speed_marker, self.measured, self.strip])
 
 
@@ -166,7 +168,7 @@ def render(plot: SpeculativePlot, view: SpeculativeView,
 
     g = view.gamma
     plot.paper_line.set_ydata(view.tokens_per_call)
-    plot.seed_line.set_ydata(view.seed_tokens_per_call)
+    plot.popular_line.set_ydata(view.popular_tokens_per_call)
     plot.tokens_marker.set_data([g], [view.tokens_per_call[g]])
     plot.speed_line.set_ydata(view.improvement)
     plot.best_marker.set_data([view.best_gamma], [view.improvement[view.best_gamma]])
@@ -180,7 +182,7 @@ def render(plot: SpeculativePlot, view: SpeculativeView,
     blocks[4::5, :] = 0
     blocks[:, 4::5] = 0
     plot.strip.set_data(blocks)
-    tokens_top = max(view.seed_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05
+    tokens_top = max(view.popular_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05
     speed_top = max([*view.improvement, *(m[1] for m in measured)]) * 1.1
     plot.redraw((snapped_limit(tokens_top, TOKENS_LIMITS), snapped_limit(speed_top, SPEED_LIMITS)))
 
