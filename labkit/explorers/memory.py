@@ -341,3 +341,33 @@ def paging_figure(block_sizes: Sequence[int], paged: Sequence[AllocationReport],
     waste_axes.legend(fontsize=8)
     fit_axes.legend(fontsize=8)
     return figure
+
+
+def fit_grid_figure(rows: dict[str, Sequence[MemoryBudget]], columns: Sequence[str], title: str = "") -> Any:
+    """Fit verdicts as a grid: one row per setting, one column per choice (e.g. GPU count), each cell green when
+    its budget fits and red when not, labelled with the total GB per GPU.
+
+    >>> fits = MemoryBudget(weights_bytes=2, kv_cache_bytes=1, activations_bytes=0, workspace_bytes=0,
+    ...                     capacity_bytes=4)
+    >>> figure = fit_grid_figure({"a setting": [fits, dataclasses.replace(fits, capacity_bytes=2)]}, ["1", "2"])
+    >>> [text.get_text().splitlines()[1] for text in figure.axes[0].texts]
+    ['fits', 'does not fit']
+    """
+    from matplotlib.colors import ListedColormap
+    from matplotlib.figure import Figure
+
+    labels = list(rows)
+    if any(len(rows[label]) != len(columns) for label in labels):
+        raise ValueError(f"every row needs one budget per column ({len(columns)})")
+    figure = Figure(figsize=(2.6 + 1.4 * len(columns), 1.2 + 0.55 * len(labels)), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    grid = [[float(result.fits) for result in rows[label]] for label in labels]
+    axes.imshow(grid, cmap=ListedColormap(["#f4c7c3", "#b7e1cd"]), vmin=0, vmax=1, aspect="auto")
+    for row, label in enumerate(labels):
+        for column, result in enumerate(rows[label]):
+            axes.text(column, row, f"{result.total_gb:.1f} GB\n{'fits' if result.fits else 'does not fit'}",
+                      ha="center", va="center", fontsize=8)
+    axes.set_xticks(range(len(columns)), list(columns))
+    axes.set_yticks(range(len(labels)), labels)
+    axes.set_title(title, fontsize=10)
+    return figure
