@@ -91,7 +91,8 @@ def test_errors_name_argument_and_value(call, error, match):
 def test_block_replay_wastes_what_the_snapshot_counts_as_last_block_bytes():
     requests = request_stream(300, seed=3, prompt_len=(1, 200), output_len=(1, 100))
     for block_size in (1, 7, 16, 64):
-        replay = replay_block_events(request_events(requests), n_blocks=10**6, block_size=block_size)
+        replay = replay_block_events(request_events(requests, append_tokens=[1, 5, None][block_size % 3]),
+                                     n_blocks=10**6, block_size=block_size)
         report = simulate_kv_allocation(requests, FOUR_BYTES, "paged", block_size=block_size)
         assert replay.refused == [] and replay.wasted_slots * 4 == report.last_block_bytes
         assert (10**6 - replay.free_blocks) * block_size * 4 == report.reserved_bytes

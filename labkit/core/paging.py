@@ -239,13 +239,20 @@ def replay_block_events(events: Sequence[tuple[str, int, int]], n_blocks: int, b
     return BlockReplay(pool.block_tables, pool.free_blocks, pool.wasted_slots, refused)
 
 
-def request_events(requests: Sequence[Request]) -> list[tuple[str, int, int]]:
-    """Every request's prompt allocated, then its output appended one token at a time, nothing freed.
+def request_events(requests: Sequence[Request], append_tokens: int | None = 1) -> list[tuple[str, int, int]]:
+    """Every request's prompt allocated, then its output appended append_tokens at a time (None: all at once, the
+    same final state in far fewer events), nothing freed.
 
-    >>> request_events([Request(3, 2)])
-    [('allocate', 0, 3), ('append', 0, 1), ('append', 0, 1)]
+    >>> request_events([Request(3, 2)]), request_events([Request(3, 5)], append_tokens=None)
+    ([('allocate', 0, 3), ('append', 0, 1), ('append', 0, 1)], [('allocate', 0, 3), ('append', 0, 5)])
     """
+    if append_tokens is not None:
+        append_tokens = integer("append_tokens", append_tokens, min=1)
     events = [("allocate", index, request.prompt_len) for index, request in enumerate(requests)]
     for index, request in enumerate(requests):
-        events += [("append", index, 1)] * request.output_len
+        left = request.output_len
+        while left:
+            step = left if append_tokens is None else min(append_tokens, left)
+            events.append(("append", index, step))
+            left -= step
     return events
