@@ -3,12 +3,17 @@
 The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.TextScore`) is the core's
 ``labkit.core.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
 
-Used by lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity).
+Used by lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity). Lab 02's
+one scoring of the evaluation text (:func:`eval_text_scores`, with its window, stride and settings) lives here, so
+the notebook and its checker read the same numbers; :class:`ScoringModel` is the model as a learner's own windowed
+scorer sees it (every position's logits of one piece of text).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -21,9 +26,54 @@ from labkit.core.validation import real, tensor
 def _pass_logits(model: Any, token_ids: torch.Tensor, piece: Window, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [n_targets, vocab], targets [n_targets]) of one window, in float32, where the model runs."""
     inputs = token_ids[piece.input_start : piece.input_end].unsqueeze(0)  # [1, seq_len]
-    logits = full_logits(model, inputs, device=device)[0]  # [seq_len, vocab]
+    if isinstance(model, ScoringModel):  # the same passes, shared with whoever else asked for them
+        logits = model.logits(inputs[0])
+    else:
+        logits = full_logits(model, inputs, device=device)[0]  # [seq_len, vocab]
     first = piece.targets_start - 1 - piece.input_start  # the output that predicts targets_start
     return logits[first:], token_ids[piece.targets_start : piece.input_end + 1].to(logits.device)
+
+
+class ScoringModel:
+    """A model seen as one function: ``logits(ids)`` gives every position's logits of one piece of text.
+
+    ``ids`` is ``[seq_len]`` (token ids, ``torch.long``); the result is ``[seq_len, vocab]`` float32 on the CPU,
+    row ``t`` scoring the token at ``t + 1``: one forward pass, no cache. ``model`` is a LoadedModel or a
+    transformers causal LM; without one, the embedded model, loaded at the first pass. The last ``memory``
+    results are kept (keyed by the ids), so the same piece asked twice runs the model once: a grader's reference
+    and a learner's function that read the same windows share their passes. ``copy.deepcopy`` gives the same
+    object: it stands for a model, which is not copied.
+    """
+
+    def __init__(self, model: Any = None, memory: int = 48):
+        self.model = model
+        self.memory = memory
+        self._kept: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """Every position's logits ``[seq_len, vocab]`` of ``ids`` ``[seq_len]`` (one pass, no cache)."""
+        tensor("ids", ids, kind="int", ndim=1, shape="[seq_len]", nonempty=True)
+        key = tuple(ids.tolist())
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key].clone()
+        if self.model is None:
+            from labkit.runtime.models import load_model
+
+            self.model = load_model(progress=False)
+        with torch.inference_mode():
+            logits = full_logits(self.model, ids.unsqueeze(0))[0].float().cpu()  # [seq_len, vocab]
+        self._kept[key] = logits
+        while len(self._kept) > self.memory:
+            self._kept.popitem(last=False)
+        return logits.clone()
+
+    def __deepcopy__(self, memo: dict) -> "ScoringModel":
+        return self
+
+    def __repr__(self) -> str:
+        name = "the embedded model" if self.model is None else getattr(self.model, "name", type(self.model).__name__)
+        return f"ScoringModel({name})"
 
 
 def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
@@ -35,7 +85,7 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
     target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
     setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
-    token_ids: ``[n_tokens]``. ``model``: a LoadedModel or a transformers causal LM. The statistics are computed
+    token_ids: ``[n_tokens]``. ``model``: a LoadedModel, a transformers causal LM or a :class:`ScoringModel`. The statistics are computed
     where the model runs (``device``, default its own) and returned on the CPU.
     """
     from tqdm.auto import tqdm
@@ -69,3 +119,28 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
                 truncated[name][span] = truncated_log_probs(logits, targets, **settings).cpu()
     return TextScore(token_ids, surprisal, entropies, ranks, at_temperature, truncated, window,
                      window if stride is None else stride)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Lab 02's one scoring of the evaluation text, shared by its notebook and its checker
+
+WINDOW, STRIDE = 512, 256  # every token from position STRIDE on is predicted from >= WINDOW - STRIDE + 1 tokens
+TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 1.8, 2.0)
+TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
+
+
+@functools.lru_cache(maxsize=1)
+def eval_text_scores():
+    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per process.
+
+    ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
+    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them.
+    """
+    from labkit.core.texts import load_eval_text, tokenize_sections
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    corpus = tokenize_sections(lm.tokenizer, load_eval_text())
+    scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
+                        truncations=TRUNCATIONS, progress=False)
+    return corpus, scores
