@@ -224,8 +224,9 @@ def test_the_task_texts_say_what_is_allowed():
 
 
 def test_the_exercises_are_registered_once_in_their_lab():
-    assert [ex.id for ex in exercises("02")] == ["02.cross_entropy", "02.next_token_loss", "02.predict_genre_order",
-                                                 "02.predict_best_temperature", "02.predict_cache_test"]
+    assert [ex.id for ex in exercises("02")] == ["02.cross_entropy", "02.next_token_loss", "02.strided_perplexity",
+                                                 "02.predict_genre_order", "02.predict_best_temperature",
+                                                 "02.predict_cache_test"]
     assert (CROSS_ENTROPY.function, NEXT_TOKEN.function) == ("cross_entropy", "next_token_loss")
 
 
@@ -285,3 +286,195 @@ def test_the_lessons_question_5():
     assert check_function(cache, lambda: "b").close is True
     wrong = check_function(cache, lambda: "d")
     assert (wrong.status, wrong.close) == ("passed", False) and "labkit's answer: 'b'" in str(wrong)
+
+
+# ----- 02.strided_perplexity: the windowed scoring loop on the embedded model -----
+
+STRIDED = get("02.strided_perplexity")
+
+
+def strided_solution(model, token_ids, window, stride):
+    import math
+
+    losses = []
+    for first in range(1, len(token_ids), stride):  # each block of `stride` targets
+        last = min(first + stride, len(token_ids)) - 1
+        start = max(0, last - window)  # the pass ends just before the block's last target
+        logits = model.logits(token_ids[start:last])  # row t predicts token start + t + 1
+        log_probs = torch.log_softmax(logits[first - 1 - start:], dim=-1)
+        losses.append(-log_probs.gather(-1, token_ids[first:last + 1, None])[:, 0])
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def strided_with_labkit_surprisal(model, token_ids, window, stride):  # allowed: labkit's per-token surprisal
+    import math
+
+    from labkit.core.loss import token_surprisal
+
+    total, count = 0.0, 0
+    for first in range(1, len(token_ids), stride):
+        last = min(first + stride, len(token_ids)) - 1
+        start = max(0, last - window)
+        rows = model.logits(token_ids[start:last])[first - 1 - start:]
+        surprisal = token_surprisal(rows, token_ids[first:last + 1])
+        total, count = total + float(surprisal.double().sum()), count + surprisal.numel()
+    return math.exp(total / count)
+
+
+def _strided_losses(model, token_ids, read, targets):
+    logits = model.logits(token_ids[read[0]:read[1]])
+    rows = logits[targets[0] - 1 - read[0]: targets[1] - read[0]]
+    picked = torch.log_softmax(rows, -1).gather(-1, token_ids[targets[0]:targets[1] + 1, None])[:, 0]
+    return -picked
+
+
+def _perplexity(losses):
+    import math
+
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def overlap_twice(model, token_ids, window, stride):
+    n_tokens = len(token_ids)
+    return _perplexity([_strided_losses(model, token_ids, (start, min(start + window, n_tokens) - 1),
+                                        (start + 1, min(start + window, n_tokens) - 1))
+                        for start in range(0, n_tokens - 1, stride)])
+
+
+def first_window_dropped(model, token_ids, window, stride):
+    n_tokens, losses = len(token_ids), []
+    for start in range(0, n_tokens - 1, stride):
+        end = min(start + window, n_tokens)
+        losses.append(_strided_losses(model, token_ids, (start, end - 1), (max(start + 1, end - stride), end - 1)))
+        if end == n_tokens:
+            break
+    return _perplexity(losses)
+
+
+def hugging_face_guide(model, token_ids, window, stride):
+    n_tokens, losses, previous_end = len(token_ids), [], 0
+    for begin in range(0, n_tokens - 1, stride):
+        end = min(begin + window, n_tokens)
+        losses.append(_strided_losses(model, token_ids, (begin, end - 1), (max(previous_end, begin + 1), end - 1)))
+        previous_end = end
+        if end == n_tokens:
+            break
+    return _perplexity(losses)
+
+
+def _blocks(n_tokens, stride):
+    return [(first, min(first + stride, n_tokens) - 1) for first in range(1, n_tokens, stride)]
+
+
+def reads_window_minus_one(model, token_ids, window, stride):
+    return _perplexity([_strided_losses(model, token_ids, (max(0, last - window + 1), last), (first, last))
+                        for first, last in _blocks(len(token_ids), stride)])
+
+
+def window_means(model, token_ids, window, stride):
+    import math
+
+    means = [_strided_losses(model, token_ids, (max(0, last - window), last), (first, last)).double().mean()
+             for first, last in _blocks(len(token_ids), stride)]
+    return math.exp(sum(means) / len(means))
+
+
+def unshifted(model, token_ids, window, stride):
+    losses = []
+    for first, last in _blocks(len(token_ids), stride):
+        start = max(0, last - window)
+        logits = model.logits(token_ids[start:last + 1])
+        picked = torch.log_softmax(logits[first - start:], -1).gather(-1, token_ids[first:last + 1, None])[:, 0]
+        losses.append(-picked)
+    return _perplexity(losses)
+
+
+def mean_loss_returned(model, token_ids, window, stride):
+    import math
+
+    return math.log(strided_solution(model, token_ids, window, stride))
+
+
+def calls_score_text(model, token_ids, window, stride):
+    from labkit.runtime.scoring import score_text
+
+    return score_text(model, token_ids, window, stride, progress=False).perplexity()
+
+
+def calls_full_logits(model, token_ids, window, stride):
+    from labkit import runtime
+
+    class Direct:
+        def logits(self, ids):
+            return runtime.full_logits(model.model, ids[None])[0]
+
+    model.logits(token_ids[:1])  # loads the model
+    return strided_solution(Direct(), token_ids, window, stride)
+
+
+STRIDED_ZOO = {
+    overlap_twice: "scored twice",
+    first_window_dropped: "the first window's early tokens were never scored",
+    hugging_face_guide: "the Hugging Face guide's layout",
+    reads_window_minus_one: "the pass read one token too few",
+    window_means: "not the mean of each window's mean",
+    unshifted: "row t of the logits predicts the token at t + 1",
+    mean_loss_returned: "not the mean loss itself",
+    calls_score_text: "calls labkit's own `labkit.runtime.scoring.score_text`",
+    calls_full_logits: "calls labkit's own `labkit.runtime.forward.full_logits`",
+}
+
+
+def test_the_strided_text_is_the_start_of_the_evaluation_text():
+    from labkit.core.texts import load_eval_text, tokenize_sections
+    from labkit.exercises.lab02 import STRIDED_TEXT_IDS
+    from labkit.runtime.models import load_model
+
+    corpus = tokenize_sections(load_model(progress=False).tokenizer, load_eval_text())
+    assert torch.equal(STRIDED_TEXT_IDS, corpus.token_ids[:32])
+
+
+def test_a_strided_verdict_takes_about_a_second_or_two():
+    import time
+
+    check_function(STRIDED, strided_solution, seed=0)  # the embedded model loaded, the hand cases' passes kept
+    started = time.perf_counter()
+    verdict = check_function(STRIDED, strided_solution)
+    elapsed = time.perf_counter() - started
+    assert verdict.status == "passed", str(verdict)
+    assert elapsed < 10, elapsed  # about 1-2 s on a quiet laptop; generous for a loaded test machine
+
+
+def test_every_strided_bug_fails_with_a_message_that_points_at_it():
+    assert check_function(STRIDED, strided_with_labkit_surprisal).status == "passed"
+    assert_zoo(STRIDED, strided_solution, STRIDED_ZOO)
+
+
+def test_a_strided_stub_is_not_attempted_and_the_task_text_says_what_is_allowed():
+    def stub(model, token_ids, window, stride):
+        raise NotImplementedError("your code here")
+
+    assert check_function(STRIDED, stub).status == "not attempted"
+    assert STRIDED.allowed_text == (
+        "You may call `labkit.runtime.scoring.ScoringModel` (its methods and properties), "
+        "`labkit.core.loss.token_surprisal` and `labkit.core.loss.cross_entropy`; any other labkit function is "
+        "reported by the check.")
+
+
+def test_the_scoring_model_keeps_recent_passes_and_is_not_copied():
+    import copy
+
+    from labkit import runtime
+    from labkit.exercises.lab02 import STRIDED_TEXT_IDS
+    from labkit.runtime.models import load_model
+    from labkit.runtime.scoring import ScoringModel
+
+    lm = load_model(progress=False)
+    model = ScoringModel(lm, memory=2)
+    assert copy.deepcopy(model) is model
+    first = model.logits(STRIDED_TEXT_IDS[:5])
+    assert torch.equal(first, runtime.full_logits(lm, STRIDED_TEXT_IDS[None, :5])[0])
+    first[0, 0] = 1e9  # a caller's edit does not reach the kept copy
+    assert torch.equal(model.logits(STRIDED_TEXT_IDS[:5]), runtime.full_logits(lm, STRIDED_TEXT_IDS[None, :5])[0])
+    model.logits(STRIDED_TEXT_IDS[:3]), model.logits(STRIDED_TEXT_IDS[:4])
+    assert len(model._kept) == 2

@@ -1,14 +1,13 @@
 """Lab 02's exercises: cross-entropy, the next-token loss of a padded batch, and predictions the checker reads.
 
 The predictions about the evaluation text (which genre the model finds easiest, which temperature scores it
-best) are graded against :func:`eval_text_scores`, the one measurement the notebook shows too: computed once per
-process, so a check costs nothing after the notebook's own scoring cell. The lesson's questions 2 and 5 (forward
+best) are graded against :func:`labkit.runtime.scoring.eval_text_scores`, the one measurement the notebook shows
+too: computed once per process, so a check costs nothing after the notebook's own scoring cell. The lesson's questions 2 and 5 (forward
 calls after prefill, how to test a cache) are graded against the model and a stated answer.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -18,6 +17,8 @@ from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.loss import cross_entropy, token_surprisal
+from labkit.runtime.scoring import (STRIDE, TEMPERATURES, TRUNCATIONS, WINDOW, ScoringModel,  # noqa: F401
+                                    eval_text_scores, score_text)
 
 _LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
 
@@ -268,30 +269,155 @@ NEXT_TOKEN_LOSS = register(
 
 
 # --------------------------------------------------------------------------------------------------------------
+# 02.strided_perplexity: the windowed scoring loop, on the real model
+
+# The first 32 tokens of the evaluation text ("Every evening at six, Ines climbed the ninety-one steps of the
+# lighthouse to wind the clock ..."), as the embedded model's tokenizer splits them (a test checks it). Every case
+# is a prefix of it, so the passes of different cases overlap and ScoringModel's memory answers many of them.
+STRIDED_TEXT_IDS = torch.tensor([8600, 9053, 418, 2976, 28, 533, 266, 30324, 260, 34069, 29, 537, 3301, 282, 260, 33059,
+                                 288, 2251, 260, 9191, 338, 14938, 804, 13532, 30, 378, 17559, 761, 719, 3099, 327,
+                                 11591])
+EMBEDDED = ScoringModel()  # the embedded model, loaded at its first pass (not when this module is imported)
+
+
+def strided_perplexity(model: ScoringModel, token_ids: torch.Tensor, window: int, stride: int) -> float:
+    """Perplexity of ``token_ids`` ``[n_tokens]`` scored in windows, by labkit's :func:`score_text` (same rule)."""
+    return score_text(model, token_ids, window=window, stride=stride, progress=False).perplexity()
+
+
+def _strided_case(generator: torch.Generator) -> Case:
+    window = int(torch.randint(2, 9, (1,), generator=generator))
+    stride = int(torch.randint(2, window + 1, (1,), generator=generator))
+    n_tokens = min(int(torch.randint(2, 4 * stride + 2, (1,), generator=generator)),  # at most 4 passes
+                   len(STRIDED_TEXT_IDS))
+    return Case((EMBEDDED, STRIDED_TEXT_IDS[:n_tokens], window, stride),
+                label=f"random: the first {n_tokens} tokens, window {window}, stride {stride}")
+
+
+_STRIDED_CASES = (
+    Case((EMBEDDED, STRIDED_TEXT_IDS[:2], 4, 2), label="two tokens: one target, token 1, predicted from token 0"),
+    Case((EMBEDDED, STRIDED_TEXT_IDS[:6], 8, 8),
+         label="a text shorter than the window: one pass reads tokens 0-4 and scores tokens 1-5"),
+    Case((EMBEDDED, STRIDED_TEXT_IDS[:15], 8, 4),
+         label="window 8, stride 4: blocks 1-4, 5-8, 9-12 and a last block 13-14; passes read 0-3, 0-7, 4-11, "
+               "6-13"),
+    Case((EMBEDDED, STRIDED_TEXT_IDS[:13], 4, 4),
+         label="stride equal to window: passes read 0-3, 4-7, 8-11; token 5 is predicted from token 4 alone"),
+    Case((EMBEDDED, STRIDED_TEXT_IDS[:7], 4, 1),
+         label="stride 1: six passes, token t predicted from the (up to) 4 tokens before it"),
+)
+
+
+# The learner's loop written wrong, each the way people write it. Shared pieces: a pass and its token losses.
+def _losses(model, token_ids, read_start, read_end, first_target, last_target):
+    """-log p of tokens first_target..last_target from one pass over token_ids[read_start:read_end]."""
+    logits = model.logits(token_ids[read_start:read_end])
+    rows = logits[first_target - 1 - read_start : last_target - read_start]
+    return token_surprisal(rows, token_ids[first_target : last_target + 1])
+
+
+def _blocks(n_tokens, stride):
+    return [(first, min(first + stride, n_tokens) - 1) for first in range(1, n_tokens, stride)]
+
+
+def _counts_overlap_twice(model, token_ids, window, stride):
+    n_tokens = len(token_ids)
+    losses = []
+    for start in range(0, n_tokens - 1, stride):  # windows of `window` tokens moving by `stride`, all scored
+        end = min(start + window, n_tokens)
+        losses.append(_losses(model, token_ids, start, end - 1, start + 1, end - 1))
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def _drops_first_window(model, token_ids, window, stride):
+    n_tokens = len(token_ids)
+    losses = []
+    for start in range(0, n_tokens - 1, stride):  # every window keeps only its last `stride` targets, the first too
+        end = min(start + window, n_tokens)
+        first = max(start + 1, end - stride)
+        losses.append(_losses(model, token_ids, start, end - 1, first, end - 1))
+        if end == n_tokens:
+            break
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def _hugging_face_layout(model, token_ids, window, stride):
+    n_tokens = len(token_ids)
+    losses, scored_to = [], 0  # windows [start, start + window); each scores the targets not scored yet
+    for start in range(0, n_tokens - 1, stride):
+        end = min(start + window, n_tokens)
+        losses.append(_losses(model, token_ids, start, end - 1, max(scored_to + 1, start + 1), end - 1))
+        scored_to = end - 1
+        if end == n_tokens:
+            break
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def _one_token_short(model, token_ids, window, stride):
+    losses = [_losses(model, token_ids, max(0, last - window + 1), last, first, last)
+              for first, last in _blocks(len(token_ids), stride)]
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def _mean_of_window_means(model, token_ids, window, stride):
+    means = [_losses(model, token_ids, max(0, last - window), last, first, last).double().mean()
+             for first, last in _blocks(len(token_ids), stride)]
+    return math.exp(torch.stack(means).mean())
+
+
+def _no_shift(model, token_ids, window, stride):
+    losses = []
+    for first, last in _blocks(len(token_ids), stride):
+        start = max(0, last - window)
+        logits = model.logits(token_ids[start:last + 1])  # row t scored on token t itself
+        losses.append(token_surprisal(logits[first - start:], token_ids[first : last + 1]))
+    return math.exp(torch.cat(losses).double().mean())
+
+
+def _mean_loss(model, token_ids, window, stride):
+    return math.log(strided_perplexity(model, token_ids, window, stride))
+
+
+STRIDED_PERPLEXITY = register(
+    Exercise(
+        id="02.strided_perplexity",
+        title="Perplexity of a text in strided windows, on the model",
+        function="strided_perplexity",
+        reference=strided_perplexity,
+        allowed=(ScoringModel, token_surprisal, cross_entropy),
+        forbidden=(score_text,),
+        points=3,
+        n_random=3,
+        rtol=1e-4,
+        atol=0.0,
+        time_limit_s=10.0,
+        hand_cases=_STRIDED_CASES,
+        random_case=_strided_case,
+        hints=("cut the targets 1 .. n_tokens - 1 into blocks of `stride`; score each block from one pass over the "
+               "`window` tokens that end just before its last target; exp of the mean over all targets",),
+        mistakes=(
+            Mistake("a token in the overlap of two windows was scored twice: each pass scores only its own block of "
+                    "`stride` targets, the last outputs of the pass", _counts_overlap_twice),
+            Mistake("the first window's early tokens were never scored: every target from token 1 on counts once, "
+                    "the first pass scores its whole block", _drops_first_window),
+            Mistake("windows that start at multiples of the stride (the Hugging Face guide's layout) give each "
+                    "block's first target window - stride tokens of context, one too few (and skip the token at each "
+                    "window's start when stride = window): let each pass end just before its block's last target, "
+                    "token_ids[last - window:last]", _hugging_face_layout),
+            Mistake("the pass read one token too few: it reads the `window` tokens token_ids[last - window:last] "
+                    "(clipped at 0), where last is the block's last target", _one_token_short),
+            Mistake("average the token losses of the whole text, not the mean of each window's mean: a short last "
+                    "block would weigh as much as a full one", _mean_of_window_means),
+            Mistake("row t of the logits predicts the token at t + 1: score the row before each target, not the "
+                    "target's own row", _no_shift),
+            Mistake("return the perplexity, exp of the mean loss, not the mean loss itself", _mean_loss),
+        ),
+    )
+)
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Predictions about the evaluation text, graded against the lab's one measurement of it
-
-WINDOW, STRIDE = 512, 256  # every token from position STRIDE on is predicted from >= WINDOW - STRIDE + 1 tokens
-TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 1.8, 2.0)
-TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
-
-
-@functools.lru_cache(maxsize=1)
-def eval_text_scores():
-    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per process.
-
-    ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them.
-    """
-    from labkit.core.texts import load_eval_text, tokenize_sections
-    from labkit.runtime.models import load_model
-    from labkit.runtime.scoring import score_text
-
-    lm = load_model(progress=False)
-    corpus = tokenize_sections(lm.tokenizer, load_eval_text())
-    scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-                        truncations=TRUNCATIONS, progress=False)
-    return corpus, scores
-
 
 def genre_perplexities() -> dict[str, float]:
     """Each genre's perplexity in :func:`eval_text_scores`."""
