@@ -8,6 +8,7 @@ SUITES = {"load": load_and_notebooks.main, "memory": memory_explorer.main, "loss
           "speculative": speculative.main}
 SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  # lab 04's visualizer latency
 SUITES["browser"] = lambda: __import__("benchmarks.browser").browser.main()  # explorers in Chromium, event -> image
+SUITES["exercises"] = lambda: __import__("benchmarks.exercises").exercises.main()  # verdict time per exercise
 SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 06: roofline, decode floor, threads
 
 
