@@ -1,9 +1,17 @@
-"""Lab 04's prediction: the input channels LLM.int8() would keep in float at layer 15."""
+"""Lab 04's exercises: the prediction on the outlier visualizer, and GPTQ's column loop with its bug zoo."""
 
+import time
+
+import pytest
+import torch
+
+from labkit.core import quantization as Q
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
+from zoo import assert_zoo
 
 PREDICT = get("04.predict_outlier_channels")
+GPTQ_COLUMNS = get("04.gptq_columns")
 
 
 def test_prediction_within_a_factor_of_two(embedded):
@@ -20,4 +28,158 @@ def test_the_prediction_says_what_may_be_called():
 
 
 def test_lab04_registers_its_exercises_in_notebook_order():
-    assert [ex.id for ex in exercises("04")] == ["04.predict_outlier_channels"]
+    assert [ex.id for ex in exercises("04")] == ["04.predict_outlier_channels", "04.gptq_columns"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 04.gptq_columns: the solution, and the learners' mistakes written here (a call into labkit would be reported
+# as such, not as the mistake)
+
+
+def gptq_solution(weight, inputs, bits, damp):
+    q_max = 2 ** (bits - 1) - 1
+    scales = weight.abs().amax(dim=1) / q_max
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)  # an all-zero row: any scale gives 0
+    hessian = 2 * inputs.T @ inputs
+    hessian = hessian + damp * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    upper = torch.linalg.cholesky(torch.linalg.inv(hessian), upper=True)
+    work, result = weight.clone(), torch.zeros_like(weight)
+    for column in range(weight.shape[1]):
+        result[:, column] = torch.clamp(torch.round(work[:, column] / scales), -q_max, q_max) * scales
+        error = (work[:, column] - result[:, column]) / upper[column, column]
+        work[:, column + 1:] -= torch.outer(error, upper[column, column + 1:])
+    return result
+
+
+def _scales(weight, bits, dim=1):
+    q_max = 2 ** (bits - 1) - 1
+    scales = weight.abs().amax(dim=dim, keepdim=True) / q_max
+    return torch.where(scales == 0, torch.ones_like(scales), scales).expand_as(weight), q_max
+
+
+def _damped(inputs, damp):
+    hessian = 2 * inputs.T @ inputs
+    return hessian + damp * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+
+
+def _loop(weight, factor, scales, q_max, divide=True, clip=True):
+    work, result = weight.clone(), torch.zeros_like(weight)
+    for k in range(weight.shape[1]):
+        codes = torch.round(work[:, k] / scales[:, k])
+        result[:, k] = (codes.clamp(-q_max, q_max) if clip else codes) * scales[:, k]
+        error = (work[:, k] - result[:, k]) / (factor[k, k] if divide else 1.0)
+        work[:, k + 1:] -= torch.outer(error, factor[k, k + 1:])
+    return result
+
+
+def _upper_inverse(inputs, damp):
+    return torch.linalg.cholesky(torch.linalg.inv(_damped(inputs, damp)), upper=True)
+
+
+def round_to_nearest_only(weight, inputs, bits, damp):
+    scales, q_max = _scales(weight, bits)
+    return torch.clamp(torch.round(weight / scales), -q_max, q_max) * scales
+
+
+def error_not_divided(weight, inputs, bits, damp):
+    return _loop(weight, _upper_inverse(inputs, damp), *_scales(weight, bits), divide=False)
+
+
+def hessian_not_inverse(weight, inputs, bits, damp):
+    return _loop(weight, torch.linalg.cholesky(_damped(inputs, damp), upper=True), *_scales(weight, bits))
+
+
+def rows_of_the_inverse(weight, inputs, bits, damp):
+    return _loop(weight, torch.linalg.inv(_damped(inputs, damp)), *_scales(weight, bits))
+
+
+def no_damping(weight, inputs, bits, damp):
+    return _loop(weight, _upper_inverse(inputs, 0.0), *_scales(weight, bits))
+
+
+def feedback_to_quantized_columns(weight, inputs, bits, damp):
+    scales, q_max = _scales(weight, bits)
+    upper = _upper_inverse(inputs, damp)
+    work = weight.clone()
+    for k in range(weight.shape[1]):
+        quantized = torch.clamp(torch.round(work[:, k] / scales[:, k]), -q_max, q_max) * scales[:, k]
+        error = (work[:, k] - quantized) / upper[k, k]
+        work[:, k] = quantized
+        work -= torch.outer(error, upper[:, k])
+    return work
+
+
+def no_clip(weight, inputs, bits, damp):
+    return _loop(weight, _upper_inverse(inputs, damp), *_scales(weight, bits), clip=False)
+
+
+def scale_per_column(weight, inputs, bits, damp):
+    return _loop(weight, _upper_inverse(inputs, damp), *_scales(weight, bits, dim=0))
+
+
+def zero_scale_nan(weight, inputs, bits, damp):
+    q_max = 2 ** (bits - 1) - 1
+    scales = (weight.abs().amax(dim=1, keepdim=True) / q_max).expand_as(weight)
+    return _loop(weight, _upper_inverse(inputs, damp), scales, q_max)
+
+
+def stub(weight, inputs, bits, damp):
+    raise NotImplementedError("your code here")
+
+
+def test_gptq_columns_zoo(embedded):
+    assert_zoo(GPTQ_COLUMNS, gptq_solution, {
+        round_to_nearest_only: "plain round-to-nearest",
+        error_not_divided: "divide the error by the diagonal entry U[k, k]",
+        hessian_not_inverse: "through the INVERSE Hessian",
+        rows_of_the_inverse: "row k of H^-1 itself is only right for the first column",
+        no_damping: "add the damping before inverting",
+        feedback_to_quantized_columns: "a quantized column is final",
+        no_clip: "clip the codes",
+        scale_per_column: "one scale per output ROW",
+        zero_scale_nan: "an all-zero row has max|w| = 0",
+    })
+    assert check_function(GPTQ_COLUMNS, stub).status == "not attempted"
+
+
+def test_gptq_columns_answers_within_two_seconds(embedded):
+    list(GPTQ_COLUMNS.hand_cases)  # the real layer's inputs, captured once (the notebook has the model loaded)
+    started = time.perf_counter()
+    assert check_function(GPTQ_COLUMNS, gptq_solution).status == "passed"
+    assert time.perf_counter() - started < 2.0
+
+
+def test_gptq_columns_hand_cases_are_what_their_labels_say(embedded):
+    cases = list(GPTQ_COLUMNS.hand_cases)
+    assert len(cases) == len(GPTQ_COLUMNS.hand_cases) == 8
+    on_grid, diagonal, mixed, copies, singular, zero_row, one_column, real = cases
+    outputs = [wrong(*mixed.args) for wrong in (gptq_solution, round_to_nearest_only, error_not_divided,
+                                                 hessian_not_inverse, rows_of_the_inverse, no_damping, no_clip)]
+    assert all(not torch.allclose(outputs[i], outputs[j]) for i in range(len(outputs)) for j in range(i))
+    assert torch.equal(GPTQ_COLUMNS.reference(*on_grid.args), on_grid.args[0])
+    for case in (diagonal, one_column):  # nothing to feed back: round-to-nearest exactly
+        assert torch.equal(GPTQ_COLUMNS.reference(*case.args), round_to_nearest_only(*case.args))
+    assert torch.allclose(GPTQ_COLUMNS.reference(*copies.args), torch.tensor([[0.6, 0.2, 0.4]], dtype=torch.float64))
+    assert torch.allclose(round_to_nearest_only(*copies.args), torch.tensor([[0.6, 0.2, 0.2]], dtype=torch.float64))
+    weight, inputs = singular.args[:2]
+    assert inputs.shape[0] < inputs.shape[1]
+    assert int(torch.linalg.matrix_rank(2 * inputs.T @ inputs)) == inputs.shape[0]
+    assert torch.equal(GPTQ_COLUMNS.reference(*zero_row.args)[1], torch.zeros(5, dtype=torch.float64))
+    assert real.args[0].shape == (128, 576) and real.args[1].shape == (1024, 576)
+
+
+def test_gptq_columns_beats_round_to_nearest_on_held_out_tokens(embedded):
+    from labkit.core.texts import load_eval_text, tokenize_sections
+    from labkit.runtime.quantize import linear_inputs
+
+    weight, calibration, bits, damp = list(GPTQ_COLUMNS.hand_cases)[-1].args
+    eval_ids = tokenize_sections(embedded.tokenizer, load_eval_text()).token_ids
+    held_out = linear_inputs(embedded, "model.layers.3.self_attn.q_proj", eval_ids)[1024:].double()
+    mine = gptq_solution(weight, calibration, bits, damp)
+    rtn = Q.round_to_nearest(weight, bits).dequantize()
+    assert Q.layer_output_error(weight, mine, held_out) < 0.9 * Q.layer_output_error(weight, rtn, held_out)
+
+
+def test_gptq_columns_says_what_may_be_called():
+    assert GPTQ_COLUMNS.allowed_text == ("No labkit function may be called inside your function: the check reports "
+                                         "any call into labkit.")

@@ -9,9 +9,9 @@ import functools
 
 import torch
 
-from labkit.core.quantization import outlier_channels
+from labkit.core.quantization import gptq, outlier_channels
 from labkit.exercises import register
-from labkit.exercises.checking import prediction
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -47,3 +47,220 @@ PREDICT = register(prediction(
          "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold"))
 
 __all__ = ["PREDICT", "outlier_channels_on_the_model"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 04.gptq_columns: GPTQ's column loop on one projection, per output row, against labkit's gptq
+
+GPTQ_LAYER = "model.layers.3.self_attn.q_proj"
+GPTQ_CALIBRATION_TOKENS = 1024
+GPTQ_ROWS = 128  # the first two query heads' output rows: GPTQ treats rows independently, given H
+
+
+def gptq_quantize(weight: torch.Tensor, inputs: torch.Tensor, bits: int, damp: float) -> torch.Tensor:
+    """The reference: labkit's GPTQ with one symmetric scale per output row, columns left to right, dequantized."""
+    return gptq(weight, inputs, bits, damp=damp).dequantize()
+
+
+def _correlated_inputs(generator: torch.Generator, n_rows: int, n_in: int) -> torch.Tensor:
+    """Calibration inputs whose channels are correlated and of unequal size, like a real Linear's: float64."""
+    mixing = torch.eye(n_in, dtype=torch.float64) + 0.8 * torch.randn(n_in, n_in, generator=generator,
+                                                                       dtype=torch.float64)
+    sizes = torch.exp(torch.randn(n_in, generator=generator, dtype=torch.float64))
+    return torch.randn(n_rows, n_in, generator=generator, dtype=torch.float64) @ mixing * sizes
+
+
+def _gptq_case(generator: torch.Generator) -> Case:
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
+    n_out, n_in, bits = draw(1, 8), draw(2, 16), draw(2, 8)
+    n_rows = draw(4, 64)
+    damp = (0.01, 0.1, 1.0)[draw(0, 2)]
+    weight = torch.randn(n_out, n_in, generator=generator, dtype=torch.float64) * (0.02 + float(
+        torch.rand(1, generator=generator, dtype=torch.float64)))
+    singular = " (fewer rows than inputs: H singular until damped)" if n_rows < n_in else ""
+    return Case((weight, _correlated_inputs(generator, n_rows, n_in), bits, damp),
+                label=f"a random [{n_out}, {n_in}] weight, {n_rows} calibration rows{singular}, bits = {bits}, "
+                      f"damp = {damp}")
+
+
+@functools.lru_cache(maxsize=1)
+def _real_layer_case() -> Case:
+    from labkit import runtime
+    from labkit.core.texts import load_eval_text, tokenize_sections
+    from labkit.runtime.models import load_model
+    from labkit.runtime.quantize import linear_inputs
+
+    lm = load_model(progress=False)
+    eval_ids = tokenize_sections(lm.tokenizer, load_eval_text()).token_ids[:GPTQ_CALIBRATION_TOKENS]
+    weight = runtime.module_of(lm).get_submodule(GPTQ_LAYER).weight.detach()[:GPTQ_ROWS].double()  # [128, 576]
+    inputs = linear_inputs(lm, GPTQ_LAYER, eval_ids).double()  # [1024, 576]
+    return Case((weight, inputs, 4, 0.01),
+                label=f"the real layer: {GPTQ_LAYER}'s first {GPTQ_ROWS} output rows (two query heads) and all 576 "
+                      f"inputs, 4 bits, calibrated on the first {GPTQ_CALIBRATION_TOKENS:,} tokens of the evaluation "
+                      "text")
+
+
+class _HandCasesThenRealLayer(tuple):
+    """The small hand cases, then the real layer's case, built (the model's inputs captured) on first use only:
+    importing the exercises must not load the model."""
+
+    def __iter__(self):
+        yield from tuple.__iter__(self)
+        yield _real_layer_case()
+
+    def __len__(self) -> int:
+        return tuple.__len__(self) + 1
+
+    def __getitem__(self, index):
+        return list(self)[index]
+
+
+def _fixed(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+_SMALL, _MIXED = torch.Generator().manual_seed(4), torch.Generator().manual_seed(82)
+_GPTQ_HAND_CASES = _HandCasesThenRealLayer((
+    Case((_fixed([1.0, -2.0, 3.0], [0.5, 0.25, -0.75]), _correlated_inputs(_SMALL, 4, 3), 3, 0.01),
+         label="weights already on the grid (scales 1 and 0.25, 3 bits): nothing to round, nothing to feed back"),
+    Case((_fixed([0.3, -1.0]), _fixed([2.0, 0.0], [0.0, 1.0]), 3, 0.01),
+         label="uncorrelated inputs, so H is diagonal: no feedback at all, GPTQ gives round-to-nearest's 1/3, -1"),
+    Case((torch.randn(4, 8, generator=_MIXED, dtype=torch.float64), _correlated_inputs(_MIXED, 64, 8), 3, 0.1),
+         label="a [4, 8] weight, 64 calibration rows of correlated inputs of unequal sizes, 3 bits, damp 0.1 "
+               "(every known mistake gives a different answer here)"),
+    Case((_fixed([0.6, 0.29, 0.29]), _fixed([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]), 3, 0.01),
+         label="three copies of one input channel, scale 0.2: round-to-nearest gives 0.6, 0.2, 0.2 (sum 1.0 for "
+               "1.18); the second column's error 0.09 moves to the third: 0.6, 0.2, 0.4 (sum 1.2)"),
+    Case((torch.randn(3, 6, generator=_SMALL, dtype=torch.float64), _correlated_inputs(_SMALL, 2, 6), 4, 0.01),
+         label="2 calibration rows for 6 inputs: H has rank 2 and is invertible only once damped"),
+    Case((torch.cat([torch.randn(1, 5, generator=_SMALL, dtype=torch.float64), torch.zeros(1, 5, dtype=torch.float64)]),
+          _correlated_inputs(_SMALL, 8, 5), 4, 0.01),
+         label="an all-zero weight row comes back as zeros (its scale would be 0: not NaN)"),
+    Case((_fixed([0.7], [-0.2], [0.05]), _fixed([1.0], [3.0]), 2, 0.01),
+         label="one column: nothing after it to feed back to (round-to-nearest: 0.7, 0, 0.05)"),
+))
+
+
+def _inverse_factor(hessian: torch.Tensor, damp: float) -> torch.Tensor:
+    damped = hessian + damp * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    return torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+
+
+def _grid(weight, bits):
+    """(scales [out, in]: each row's one scale repeated along the row, q_max)."""
+    q_max = 2 ** (bits - 1) - 1
+    scales = (weight.abs().amax(dim=1, keepdim=True) / q_max).clamp_min(torch.finfo(weight.dtype).eps)
+    return scales.expand_as(weight), q_max
+
+
+def _column_loop(weight, factor, scales, q_max, divide=True, clip=True):
+    """The loop with switches for two of the mistakes: the error divided by the factor's diagonal, codes clipped."""
+    work, result = weight.clone(), torch.zeros_like(weight)
+    for k in range(weight.shape[1]):
+        codes = torch.round(work[:, k] / scales[:, k])
+        result[:, k] = (codes.clamp(-q_max, q_max) if clip else codes) * scales[:, k]
+        error = (work[:, k] - result[:, k]) / (factor[k, k] if divide else 1.0)
+        work[:, k + 1:] -= torch.outer(error, factor[k, k + 1:])
+    return result
+
+
+def _round_to_nearest_only(weight, inputs, bits, damp):
+    scales, q_max = _grid(weight, bits)
+    return torch.clamp(torch.round(weight / scales), -q_max, q_max) * scales
+
+
+def _error_not_divided(weight, inputs, bits, damp):
+    scales, q_max = _grid(weight, bits)
+    return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, damp), scales, q_max, divide=False)
+
+
+def _hessian_not_inverse(weight, inputs, bits, damp):
+    hessian = 2 * inputs.T @ inputs
+    damped = hessian + damp * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    scales, q_max = _grid(weight, bits)
+    return _column_loop(weight, torch.linalg.cholesky(damped, upper=True), scales, q_max)
+
+
+def _rows_of_the_inverse(weight, inputs, bits, damp):
+    hessian = 2 * inputs.T @ inputs
+    damped = hessian + damp * hessian.diagonal().mean() * torch.eye(hessian.shape[0], dtype=hessian.dtype)
+    scales, q_max = _grid(weight, bits)
+    return _column_loop(weight, torch.linalg.inv(damped), scales, q_max)
+
+
+def _no_damping(weight, inputs, bits, damp):
+    scales, q_max = _grid(weight, bits)
+    return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, 0.0), scales, q_max)
+
+
+def _feedback_to_quantized_columns(weight, inputs, bits, damp):
+    scales, q_max = _grid(weight, bits)
+    factor = _inverse_factor(2 * inputs.T @ inputs, damp)
+    work = weight.clone()
+    for k in range(weight.shape[1]):
+        quantized = torch.clamp(torch.round(work[:, k] / scales[:, k]), -q_max, q_max) * scales[:, k]
+        error = (work[:, k] - quantized) / factor[k, k]
+        work[:, k] = quantized
+        work -= torch.outer(error, factor[:, k])  # column k of U: it reaches back to the columns before k
+    return work
+
+
+def _no_clip(weight, inputs, bits, damp):
+    scales, q_max = _grid(weight, bits)
+    return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, damp), scales, q_max, clip=False)
+
+
+def _zero_scale(weight, inputs, bits, damp):
+    q_max = 2 ** (bits - 1) - 1
+    scales = (weight.abs().amax(dim=1, keepdim=True) / q_max).expand_as(weight)  # 0 on an all-zero row
+    return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, damp), scales, q_max)
+
+
+def _scale_per_column(weight, inputs, bits, damp):
+    q_max = 2 ** (bits - 1) - 1
+    scales = (weight.abs().amax(dim=0, keepdim=True) / q_max).clamp_min(torch.finfo(weight.dtype).eps)
+    return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, damp), scales.expand_as(weight), q_max)
+
+
+GPTQ_COLUMNS = register(Exercise(
+    id="04.gptq_columns",
+    title="GPTQ's column loop on one projection",
+    function="gptq_quantize",
+    reference=gptq_quantize,
+    points=3,
+    rtol=1e-6,
+    atol=1e-9,
+    n_random=25,
+    hand_cases=_GPTQ_HAND_CASES,
+    random_case=_gptq_case,
+    hints=("s = max|row| / (2^(bits-1) - 1) per output row, fixed; H = 2 X^T X + damp * mean(diag H) * I (the "
+           "damping makes a singular H invertible); "
+           "U = the upper Cholesky factor of H^-1; for each column k: q = clip(round(w_k / s)) * s, "
+           "e = (w_k - q) / U[k, k], and w[:, k+1:] -= outer(e, U[k, k+1:])",),
+    mistakes=(
+        Mistake("that is plain round-to-nearest: after quantizing column k, push its error onto the columns not yet "
+                "quantized (w[:, k+1:] -= outer(e, U[k, k+1:]))", _round_to_nearest_only),
+        Mistake("divide the error by the diagonal entry U[k, k] before spreading it: e = (w_k - q_k) / U[k, k]",
+                _error_not_divided),
+        Mistake("the update goes through the INVERSE Hessian: factor H^-1 (torch.linalg.inv, then "
+                "torch.linalg.cholesky(..., upper=True)), not H itself", _hessian_not_inverse),
+        Mistake("row k of H^-1 itself is only right for the first column: once a column is quantized it must "
+                "leave H^-1. The upper Cholesky factor of H^-1 does that for every column at once: use its rows",
+                _rows_of_the_inverse),
+        Mistake("add the damping before inverting: H + damp * mean(diag H) * I (without it the result changes, "
+                "and a singular H cannot be inverted at all)", _no_damping),
+        Mistake("a quantized column is final: spread the error with ROW k of the upper factor, U[k, k+1:], onto "
+                "the columns after k; column k of U reaches back to columns already on the grid",
+                _feedback_to_quantized_columns),
+        Mistake("clip the codes to [-(2^(bits-1) - 1), 2^(bits-1) - 1]: the feedback can push a weight past its "
+                "row's largest value", _no_clip),
+        Mistake("one scale per output ROW, max|w| over dim=1 of the original weight, fixed before the loop",
+                _scale_per_column),
+        Mistake("an all-zero row has max|w| = 0, so its scale is 0 and 0 / 0 gives NaN: give such a row any "
+                "positive scale (torch.where, or clamp_min)", _zero_scale),
+    ),
+))
+
+__all__ += ["GPTQ_COLUMNS", "gptq_quantize"]
