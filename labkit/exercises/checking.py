@@ -650,11 +650,22 @@ def distance_words(truth: Any, value: Any) -> str:
     return f"{abs(ratio - 1):.0%} {direction}"
 
 
+_PREDICTION_ANSWERS: dict[Callable[[], Any], Any] = {}
+
+
+def _prediction_answer(reference: Callable[[], Any]) -> Any:
+    """A prediction's answer, computed once per process: it is a fixed fact (some run the model for seconds), and
+    a learner checks again and again."""
+    if reference not in _PREDICTION_ANSWERS:
+        _PREDICTION_ANSWERS[reference] = reference()
+    return copy.deepcopy(_PREDICTION_ANSWERS[reference])
+
+
 def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
     # labkit's answer first: the learner's call may be stopped at its time limit anywhere, even halfway through a
     # lazy import of labkit's own (when it calls labkit), which must not break the answer computed after it.
     try:
-        truth = exercise.reference()
+        truth = _prediction_answer(exercise.reference)
     except Exception as error:  # noqa: BLE001
         return _labkit_error(exercise, "labkit could not compute the answer", error)
     outcome = _call(exercise, fn, exercise.hand_cases[0])
