@@ -267,6 +267,17 @@ def test_a_time_limit_leaves_the_caller_untouched(hang_guard):
     assert check_function(DOUBLE, lambda x: x * 2).status == "passed"  # nothing left pending from the last check
 
 
+def test_a_time_limit_leaves_no_exception_behind(hang_guard):
+    # the limit fires inside the learner's `except` block; afterwards no exception may still count as "being
+    # handled", or every later error in the kernel would read "During handling of the above exception (TimeLimit)"
+    check_function(DOUBLE, swallows_twice)
+    assert sys.exc_info() == (None, None, None)
+    try:
+        raise ValueError("unrelated")
+    except ValueError as error:
+        assert error.__context__ is None
+
+
 def test_the_checker_is_fast_on_a_correct_answer():
     start = time.perf_counter()
     for _ in range(10):

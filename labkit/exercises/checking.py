@@ -275,6 +275,16 @@ def _tripwire(exercise: Exercise, outcome: _Outcome) -> Callable[[FrameType, str
     return hook
 
 
+def _with_own_exception_state(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` run inside a generator: a generator has its own "exception being handled" slot, so
+    a time limit that fires inside the learner's ``except`` block cannot leave that exception behind as the
+    context (``During handling of the above exception ...``) of every later, unrelated error in the process."""
+    def run():
+        yield fn(*args, **kwargs)
+
+    return next(run())
+
+
 def _call(exercise: Exercise, fn: Callable[..., Any], case: Case) -> _Outcome:
     """Call ``fn`` on copies of the case's arguments with a time limit, captured output and a labkit tripwire."""
     outcome = _Outcome()
@@ -289,7 +299,7 @@ def _call(exercise: Exercise, fn: Callable[..., Any], case: Case) -> _Outcome:
             deadline.start(sys._getframe())
             sys.setprofile(tripwire)
             try:
-                outcome.value = fn(*args, **kwargs)
+                outcome.value = _with_own_exception_state(fn, args, kwargs)
             finally:
                 sys.setprofile(previous_profile)
                 deadline.stop()
