@@ -302,11 +302,11 @@ class StepCounter:
         self.decode_calls = 0
 
     def _model(self) -> Any:
-        if self._lm is None:
-            from labkit.runtime.models import load_model
+        if self._lm is not None:
+            return self._lm
+        from labkit.runtime.models import load_model
 
-            self._lm = load_model(progress=False)
-        return self._lm
+        return load_model(progress=False)  # loaded once per process, then reused
 
     def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Run the prompt once: (every position's logits ``[batch, prompt_len, vocab]``, a new cache)."""
