@@ -1,109 +1,289 @@
-"""The bug zoo of lab 06: the timing mistakes the seed chapter warns about (and n = 1), each caught with a hint."""
+"""The bug zoo of lab 06: a hand-written KV-cached loop's mistakes, a timing harness's (and n = 1), the decode
+floor's, each caught with a hint; the predictions against the model and labkit's arithmetic."""
+
+import statistics
+import time
 
 import pytest
+import torch
 
 from labkit.core.memory import kv_cache_bytes
 from labkit.core.presets import model_preset
-from labkit.core.timing import tpot
+from labkit.core.timing import EXAMPLE_CPU, ScriptedClock, ScriptedSteps
 from labkit.exercises import exercises, get, lab06
 from labkit.exercises.checking import check_function
-from labkit.exercises.lab06 import (
-    CHAPTER_STAMPS, EXAMPLE_CPU, reference_decode_floor_ms, reference_e2e_ms, reference_tpot_ms,
-    throughput_gain_on_the_example,
-)
+from labkit.exercises.lab06 import reference_decode_floor_ms, throughput_gain_on_the_example
+from labkit.runtime.generation import StepCounter, generate
 from zoo import assert_zoo
 
-TPOT = get("06.tpot_ms")
-E2E = get("06.e2e_ms")
+LOOP = get("06.greedy_loop")
+HARNESS = get("06.latency_harness")
 FLOOR = get("06.decode_floor_ms")
 PREDICT = get("06.predict_batch_throughput")
 
 
-# ----- 06.tpot_ms -----
+# ----- 06.greedy_loop -----
 
-def tpot_solution(start_ms, token_times_ms):
-    n = len(token_times_ms)
-    if n == 1:
-        return None
-    return (token_times_ms[-1] - token_times_ms[0]) / (n - 1)
-
-
-def total_over_n(start_ms, token_times_ms):
-    return (token_times_ms[-1] - start_ms) / len(token_times_ms)
-
-
-def divides_by_n(start_ms, token_times_ms):
-    return (token_times_ms[-1] - token_times_ms[0]) / len(token_times_ms)
+def loop_solution(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    token = logits[:, -1].argmax(dim=-1, keepdim=True)  # [1, 1]
+    new_tokens = [int(token)]
+    while len(new_tokens) < max_new_tokens and new_tokens[-1] != eos_token_id:
+        logits, cache = runner.decode_one_token(token, cache)
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        new_tokens.append(int(token))
+    return new_tokens
 
 
-def counts_the_first_wait(start_ms, token_times_ms):
-    if len(token_times_ms) == 1:
-        return None
-    return (token_times_ms[-1] - start_ms) / (len(token_times_ms) - 1)  # the TTFT wait spread over the intervals
+def refeeds_the_prefix(runner, prompt_ids, max_new_tokens, eos_token_id):
+    ids, new_tokens = prompt_ids, []
+    while len(new_tokens) < max_new_tokens:
+        logits, _ = runner.prefill(ids)  # the whole prefix again, every step
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        new_tokens.append(int(token))
+        ids = torch.cat([ids, token], dim=1)
+        if new_tokens[-1] == eos_token_id:
+            break
+    return new_tokens
 
 
-def zero_for_one_token(start_ms, token_times_ms):
-    n = len(token_times_ms)
-    return 0.0 if n == 1 else (token_times_ms[-1] - token_times_ms[0]) / (n - 1)
+def refeeds_the_prefix_into_decode(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    ids = torch.cat([prompt_ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    while ids.shape[1] - prompt_ids.shape[1] < max_new_tokens and int(ids[0, -1]) != eos_token_id:
+        logits, cache = runner.decode_one_token(ids, cache)
+        ids = torch.cat([ids, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return ids[0, prompt_ids.shape[1]:].tolist()
 
 
-def crashes_on_one_token(start_ms, token_times_ms):
-    return (token_times_ms[-1] - token_times_ms[0]) / (len(token_times_ms) - 1)
+def feeds_a_stale_token(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    token = logits[:, -1].argmax(dim=-1, keepdim=True)
+    new_tokens = [int(token)]
+    while len(new_tokens) < max_new_tokens and new_tokens[-1] != eos_token_id:
+        logits, cache = runner.decode_one_token(prompt_ids[:, -1:], cache)  # never the new token
+        new_tokens.append(int(logits[:, -1].argmax(dim=-1)))
+    return new_tokens
 
 
-def calls_labkit(start_ms, token_times_ms):
-    return tpot(token_times_ms)
+def reads_the_first_position(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    token = logits[:, 0].argmax(dim=-1, keepdim=True)
+    new_tokens = [int(token)]
+    while len(new_tokens) < max_new_tokens and new_tokens[-1] != eos_token_id:
+        logits, cache = runner.decode_one_token(token, cache)
+        token = logits[:, 0].argmax(dim=-1, keepdim=True)
+        new_tokens.append(int(token))
+    return new_tokens
 
 
-TPOT_ZOO = {
-    total_over_n: "dividing the total time by n",
-    divides_by_n: "divide by n - 1, not n",
-    counts_the_first_wait: "the first token's wait is TTFT",
-    zero_for_one_token: "return None, not 0",
-    crashes_on_one_token: "ZeroDivisionError",
-    calls_labkit: "calls labkit's own `labkit.core.timing.tpot`",
+def one_step_short(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    token = logits[:, -1].argmax(dim=-1, keepdim=True)
+    new_tokens = [int(token)]
+    for _ in range(max_new_tokens - 2):  # off by one
+        if new_tokens[-1] == eos_token_id:
+            break
+        logits, cache = runner.decode_one_token(token, cache)
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        new_tokens.append(int(token))
+    return new_tokens
+
+
+def one_decode_too_many(runner, prompt_ids, max_new_tokens, eos_token_id):
+    logits, cache = runner.prefill(prompt_ids)
+    new_tokens = []
+    for _ in range(max_new_tokens):  # decodes after every token, the last one included
+        token = logits[:, -1].argmax(dim=-1, keepdim=True)
+        new_tokens.append(int(token))
+        if new_tokens[-1] == eos_token_id:
+            break
+        logits, cache = runner.decode_one_token(token, cache)
+    return new_tokens
+
+
+def ignores_the_end_token(runner, prompt_ids, max_new_tokens, eos_token_id):
+    return loop_solution(runner, prompt_ids, max_new_tokens, None)
+
+
+def drops_the_end_token(runner, prompt_ids, max_new_tokens, eos_token_id):
+    tokens = loop_solution(runner, prompt_ids, max_new_tokens, eos_token_id)
+    return tokens[:-1] if tokens[-1] == eos_token_id else tokens
+
+
+def calls_generate(runner, prompt_ids, max_new_tokens, eos_token_id):
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    return generate(lm, prompt_ids, max_new_tokens, eos_token_id=eos_token_id).new_token_ids[0].tolist()
+
+
+def loop_stub(runner, prompt_ids, max_new_tokens, eos_token_id):
+    raise NotImplementedError
+
+
+LOOP_ZOO = {
+    refeeds_the_prefix: "the prompt is prefilled once",
+    refeeds_the_prefix_into_decode: "re-feeding it repeats its work",
+    feeds_a_stale_token: "feed decode_one_token the token you just chose",
+    reads_the_first_position: "logits[:, -1], not logits[:, 0]",
+    one_step_short: "one token short",
+    one_decode_too_many: "n new tokens take n - 1 decode calls",
+    ignores_the_end_token: "none after the end token",
+    drops_the_end_token: "keep the end token itself",
+    calls_generate: "calls labkit's own `labkit.",
 }
 
 
-@pytest.mark.parametrize("wrong,pointer", TPOT_ZOO.items(), ids=[f.__name__ for f in TPOT_ZOO])
-def test_every_tpot_bug_fails_with_a_pointed_hint(wrong, pointer):
-    assert_zoo(TPOT, tpot_solution, {wrong: pointer})
+@pytest.mark.parametrize("wrong,pointer", LOOP_ZOO.items(), ids=[f.__name__ for f in LOOP_ZOO])
+def test_every_loop_bug_fails_with_a_pointed_hint(embedded, wrong, pointer):
+    assert_zoo(LOOP, loop_solution, {wrong: pointer})
 
 
-def test_tpot_reference_on_the_chapter_example():
-    assert len(CHAPTER_STAMPS) == 20 and reference_tpot_ms(0.0, CHAPTER_STAMPS) == 35.0
-    assert reference_tpot_ms(0.0, [700.0]) is None
-    assert TPOT.allowed_text.startswith("No labkit function may be called")
+def test_the_loop_stub_is_not_attempted_and_the_check_is_quick(embedded):
+    assert check_function(LOOP, loop_stub).status == "not attempted"
+    check_function(LOOP, loop_solution)  # the hand cases' answers are computed once per process
+    started = time.perf_counter()
+    assert check_function(LOOP, loop_solution).status == "passed"
+    assert time.perf_counter() - started < 10  # about 1-2 s on the course machine; generous under load
 
 
-# ----- 06.e2e_ms -----
-
-def e2e_solution(ttft_ms, tpot_ms, n_tokens):
-    return ttft_ms if n_tokens == 1 else ttft_ms + (n_tokens - 1) * tpot_ms
-
-
-def n_intervals(ttft_ms, tpot_ms, n_tokens):
-    return ttft_ms + n_tokens * (tpot_ms or 0)
-
-
-def forgets_ttft(ttft_ms, tpot_ms, n_tokens):
-    return (n_tokens - 1) * (tpot_ms or 0)
-
-
-def none_breaks_it(ttft_ms, tpot_ms, n_tokens):
-    return ttft_ms + (n_tokens - 1) * tpot_ms
+def test_the_loop_cases_match_generate_and_their_end_token(embedded):
+    the_tide = lab06.THE_TIDE
+    assert embedded.text_ids("The tide").tolist() == the_tide.tolist()
+    assert embedded.text_ids("The").tolist() == lab06.THE.tolist()
+    tokens = generate(embedded, the_tide, 5).new_token_ids[0].tolist()
+    assert tokens[2] == lab06.THIRD_TOKEN and lab06.THIRD_TOKEN not in tokens[:2]
+    stopped = generate(embedded, the_tide, 5, eos_token_id=lab06.THIRD_TOKEN).new_token_ids[0].tolist()
+    assert lab06.reference_greedy_tokens(StepCounter(), the_tide, 5, lab06.THIRD_TOKEN) == stopped == tokens[:3]
+    for case in LOOP.hand_cases:  # every case's cap is the number of decode calls the answer needs
+        runner, prompt_ids, max_new_tokens, eos = case.args
+        assert runner.max_decode_calls == len(lab06.reference_greedy_tokens(runner, prompt_ids, max_new_tokens,
+                                                                            eos)) - 1
 
 
-E2E_ZOO = {n_intervals: "not n", forgets_ttft: "add TTFT", none_breaks_it: "TypeError"}
+def test_every_loop_prompt_is_far_from_a_greedy_tie(embedded):
+    from labkit.core.sampling import CLEAR_MARGIN
+    from labkit.runtime.generation import greedy_margins
+
+    for text in lab06.LOOP_PROMPTS + ("The tide", "The"):
+        ids = embedded.text_ids(text)
+        margins = greedy_margins(embedded, ids, generate(embedded, ids, 5).new_token_ids)
+        assert bool((margins > CLEAR_MARGIN).all()), (text, margins)
 
 
-@pytest.mark.parametrize("wrong,pointer", E2E_ZOO.items(), ids=[f.__name__ for f in E2E_ZOO])
-def test_every_e2e_bug_fails_with_a_pointed_hint(wrong, pointer):
-    assert_zoo(E2E, e2e_solution, {wrong: pointer})
+# ----- 06.latency_harness -----
+
+def harness_solution(step, clock, n_tokens, warmup, repeats):
+    for _ in range(warmup):
+        for k in range(n_tokens):
+            step(k)
+    ttfts, tpots, e2es = [], [], []
+    for _ in range(repeats):
+        start = clock()
+        stamps = []
+        for k in range(n_tokens):
+            step(k)
+            stamps.append(clock())
+        ttfts.append(stamps[0] - start)
+        tpots.append((stamps[-1] - stamps[0]) / (n_tokens - 1))
+        e2es.append(stamps[-1] - start)
+    return torch.tensor([statistics.median(ttfts), statistics.median(tpots), statistics.median(e2es)])
 
 
-def test_e2e_reference_gives_1365_ms():
-    assert reference_e2e_ms(700.0, 35.0, 20) == 1365.0 and reference_e2e_ms(700, None, 1) == 700.0
+def harness_in_float32_with_torch(step, clock, n_tokens, warmup, repeats):
+    result = harness_solution(step, clock, n_tokens, warmup, repeats)
+    return result.float()  # a float32 answer is within the tolerance
+
+
+def harness(step, clock, n_tokens, warmup, repeats, *, warm=True, average=statistics.median, divide="n - 1",
+            first_in_tpot=False, origin="request", stamp="after"):
+    early = clock()
+    for _ in range(warmup if warm else 0):
+        for k in range(n_tokens):
+            step(k)
+    late = clock()
+    ttfts, tpots, e2es = [], [], []
+    for _ in range(repeats):
+        start = {"request": clock(), "before warm-up": early, "before repeats": late}[origin]
+        stamps = []
+        for k in range(n_tokens):
+            if stamp == "before":
+                stamps.append(clock())
+            step(k)
+            if stamp == "after":
+                stamps.append(clock())
+        first = start if first_in_tpot else stamps[0]
+        intervals = n_tokens if divide == "n" or first_in_tpot else n_tokens - 1
+        ttfts.append(stamps[0] - start)
+        tpots.append((stamps[-1] - first) / intervals)
+        e2es.append(stamps[-1] - start)
+    return torch.tensor([average(ttfts), average(tpots), average(e2es)], dtype=torch.float64)
+
+
+def no_warmup(*args):
+    return harness(*args, warm=False)
+
+
+def mean_not_median(*args):
+    return harness(*args, average=statistics.fmean)
+
+
+def first_token_in_tpot(*args):
+    return harness(*args, first_in_tpot=True)
+
+
+def n_intervals(*args):
+    return harness(*args, divide="n")
+
+
+def origin_before_warmup(*args):
+    return harness(*args, origin="before warm-up")
+
+
+def origin_before_repeats(*args):
+    return harness(*args, origin="before repeats")
+
+
+def stamp_before_step(*args):
+    return harness(*args, stamp="before")
+
+
+def harness_stub(step, clock, n_tokens, warmup, repeats):
+    raise NotImplementedError
+
+
+HARNESS_ZOO = {
+    no_warmup: "run `warmup` whole requests first",
+    mean_not_median: "report the median over the repeats, not the mean",
+    first_token_in_tpot: "TPOT leaves the first token out",
+    n_intervals: "divide t_n - t_1 by n - 1, not n",
+    origin_before_warmup: "not once before the warm-up",
+    origin_before_repeats: "not once before all the repeats",
+    stamp_before_step: "stamp the clock after step(k) returns",
+}
+
+
+@pytest.mark.parametrize("wrong,pointer", HARNESS_ZOO.items(), ids=[f.__name__ for f in HARNESS_ZOO])
+def test_every_harness_bug_fails_with_a_pointed_hint(wrong, pointer):
+    assert_zoo(HARNESS, harness_solution, {wrong: pointer})
+
+
+def test_the_harness_passes_in_float32_and_its_stub_is_not_attempted():
+    assert check_function(HARNESS, harness_in_float32_with_torch).status == "passed"
+    assert check_function(HARNESS, harness_stub).status == "not attempted"
+
+
+def test_the_harness_example_is_700_ms_then_35_ms_a_token():
+    step, clock, n_tokens, warmup, repeats = HARNESS.hand_cases[0].args
+    ttft, tpot, e2e = lab06.reference_latency_harness(step, clock, n_tokens, warmup, repeats).tolist()
+    assert (ttft, round(tpot, 12), round(e2e, 12)) == (0.7, 0.035, 1.365)  # E2E = TTFT + 19 x TPOT
+
+
+def test_a_scripted_case_is_cold_for_its_warmup_requests():
+    step, clock = lab06._script(0.5, 0.05, warmup=2, repeats=1, n_tokens=3)
+    assert isinstance(step, ScriptedSteps) and isinstance(clock, ScriptedClock)
+    assert step.durations[:3] == ((1.5, 0.15, 0.15), (1.5, 0.15, 0.15), (0.5, 0.05, 0.05))
 
 
 # ----- 06.decode_floor_ms -----
@@ -176,12 +356,13 @@ def test_the_prediction_passes_within_a_quarter_and_fails_outside():
 
 
 def test_lab06_registers_its_exercises_in_notebook_order_of_sections():
-    assert [ex.id for ex in exercises("06")] == ["06.tpot_ms", "06.e2e_ms", "06.decode_floor_ms",
-                                                 "06.predict_batch_throughput", "06.predict_forward_calls",
-                                                 "06.predict_shorter_run_e2e", "06.predict_requests_sooner"]
+    assert [ex.id for ex in exercises("06")] == ["06.predict_forward_calls", "06.greedy_loop",
+                                                 "06.latency_harness", "06.predict_shorter_run_e2e",
+                                                 "06.decode_floor_ms", "06.predict_requests_sooner",
+                                                 "06.predict_batch_throughput"]
 
 
-# ----- Lesson 4.1's questions 2, 6 and 7 -----
+# ----- the predictions -----
 
 def test_eight_tokens_need_seven_calls_after_the_prefill(embedded):
     exercise = get("06.predict_forward_calls")
@@ -190,7 +371,7 @@ def test_eight_tokens_need_seven_calls_after_the_prefill(embedded):
     assert check_function(exercise, lambda: 8).close is False  # the prefill already chose the first token
 
 
-def test_half_the_tokens_at_the_same_speed_is_the_chapter_arithmetic():
+def test_half_the_tokens_at_the_same_speed_is_ttft_plus_nine_tpot():
     exercise = get("06.predict_shorter_run_e2e")
     assert lab06.shorter_run_e2e_ms() == 700 + 9 * 35 == 1015
     assert check_function(exercise, lambda: 1015).close is True

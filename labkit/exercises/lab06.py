@@ -1,146 +1,354 @@
-"""Lab 06's exercises: TPOT from timestamps (unavailable for one token), E2E by eq. 8.1, the decode floor from a
-spec and a bandwidth, and predictions (Lesson 4.1's questions 2, 6 and 7, and batching's throughput) checked
-against labkit's arithmetic and a latency model.
+"""Lab 06's exercises: the KV-cached greedy loop written by hand (identical tokens to labkit's ``generate``, exactly
+n - 1 decode calls), a timing harness checked on a clock the checker controls, the decode floor from a spec and a
+bandwidth, and predictions (forward calls after the prefill, a shorter run's end-to-end latency, batching's
+throughput and who finishes sooner) checked against the model and labkit's arithmetic.
 
-The timestamps are in milliseconds and the answers too, so the chapter's example reads as printed: 700 ms to the
-first token, then 35 ms a token. The bug zoo holds the mistakes the seed chapter warns about (total time divided
-by n, the first token counted among the decode intervals) and the ones learners make at n = 1.
+The harness's hand case is the classic example, 700 ms to the first token, then 35 ms a token for 20 tokens: TTFT
+700 ms, TPOT 35 ms, E2E = TTFT + (n - 1) x TPOT = 1,365 ms. The bug zoos hold the mistakes learners make in a
+decoding loop (re-feeding the prefix, feeding a stale token, reading the first position, one step too few or
+too many, the end token) and in a timing harness (no warm-up, a mean, the first token in TPOT, n intervals, the
+wrong origin, a stamp taken before the step).
 """
 
 from __future__ import annotations
+
+import functools
+import statistics
 
 import torch
 
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.presets import model_preset
 from labkit.core.spec import ModelSpec
-from labkit.core.timing import LatencyModel, decode_floor_s, e2e_estimate, tpot
+from labkit.core.timing import EXAMPLE_CPU, ScriptedClock, ScriptedSteps, decode_floor_s, e2e_estimate, request_metrics
 from labkit.exercises import register
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.runtime.generation import StepCounter
 
-# ----- 06.tpot_ms -----
-
-
-def reference_tpot_ms(start_ms: float, token_times_ms: list[float]) -> float | None:
-    """labkit's answer: the mean of the n - 1 gaps after the first token, None for one token."""
-    return tpot(token_times_ms)
+# EXAMPLE_CPU (labkit.core.timing): prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms + 6 ms per
+# sequence + 2 us per cached token. The batching predictions ask about 32-token prompts and 16 new tokens.
+PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, PREDICT_BATCH = 32, 16, 8
 
 
-def _stamps(ttft_ms: float, gaps_ms: list[float], start_ms: float = 0.0) -> list[float]:
-    times = [start_ms + ttft_ms]
-    for gap in gaps_ms:
-        times.append(times[-1] + gap)
-    return times
+# ----- 06.predict_forward_calls: predict, then count -----
+
+OUTPUT_TOKENS = 8
 
 
-def _random_tpot_case(generator: torch.Generator) -> Case:
-    n = int(torch.randint(1, 40, (1,), generator=generator))
-    start = float(torch.rand((), generator=generator)) * 1000
-    ttft = 50 + float(torch.rand((), generator=generator)) * 950  # prefill much longer than one step, as on a CPU
-    gaps = (5 + torch.rand(n - 1, generator=generator) * 60).tolist()
-    return Case((start, _stamps(ttft, gaps, start)), label=f"{n} tokens, request started at {start:.1f} ms")
+def decode_calls_for_eight_tokens() -> int:
+    """Counted on the model: the forward calls after the prefill while labkit's greedy loop writes 8 tokens (the
+    prefill's logits choose the first, so n - 1)."""
+    from labkit.runtime.generation import generate
+    from labkit.runtime.models import load_model
+
+    lm = load_model(progress=False)
+    steps = []
+    generate(lm, lm.text_ids("The tide"), OUTPUT_TOKENS, on_step=steps.append)
+    return sum(step.phase == "decode" for step in steps)
 
 
-def _total_over_n(start_ms, token_times_ms):
-    return (token_times_ms[-1] - start_ms) / len(token_times_ms)
+PREDICT_CALLS = register(prediction(
+    "06.predict_forward_calls", "Predict: forward calls after the prefill for eight output tokens",
+    "forward_calls_after_prefill", decode_calls_for_eight_tokens,
+    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?"))
+
+# ----- 06.greedy_loop: the KV-cached greedy loop, by hand -----
+
+# "The tide" and "The" in the embedded model's tokenizer; greedy after "The tide": 282, 260, 1896, 28, 253, ...
+THE_TIDE, THE = torch.tensor([[504, 17662]]), torch.tensor([[504]])
+THIRD_TOKEN = 1896  # the third greedy token after "The tide": an end token there stops the loop after it
+LOOP_PROMPTS = ("Once upon a time", "The capital of France is", "Water boils at", "My favourite food is",
+                "The best way to learn is", "In the morning I", "Cats and dogs are", "The sun rises in the")
 
 
-def _decode_span_over_n(start_ms, token_times_ms):
-    return (token_times_ms[-1] - token_times_ms[0]) / len(token_times_ms)
+@functools.lru_cache(maxsize=256)
+def _greedy_after(prompt: tuple[int, ...], max_new_tokens: int) -> tuple[int, ...]:
+    """labkit's greedy continuation of one prompt (no end token), once per process."""
+    from labkit.runtime.generation import generate
+    from labkit.runtime.models import load_model
+
+    return tuple(generate(load_model(progress=False), torch.tensor([prompt]), max_new_tokens).new_token_ids[0].tolist())
 
 
-def _ttft_included(start_ms, token_times_ms):
-    n = len(token_times_ms)
-    return None if n == 1 else (token_times_ms[-1] - start_ms) / (n - 1)
+def reference_greedy_tokens(runner: StepCounter, prompt_ids: torch.Tensor, max_new_tokens: int,
+                            eos_token_id: int | None) -> list[int]:
+    """labkit's answer: ``generate``'s greedy tokens, up to and including the first end token."""
+    tokens = list(_greedy_after(tuple(prompt_ids[0].tolist()), max_new_tokens))
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    return tokens
 
 
-def _zero_for_one_token(start_ms, token_times_ms):
-    n = len(token_times_ms)
-    return 0.0 if n == 1 else (token_times_ms[-1] - token_times_ms[0]) / (n - 1)
+def _loop_case(prompt_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None, decode_calls: int,
+               label: str) -> Case:
+    runner = StepCounter(max_prefill_calls=1, max_decode_calls=decode_calls)  # the embedded model, loaded when used
+    return Case((runner, prompt_ids, max_new_tokens, eos_token_id), label=label)
 
 
-CHAPTER_STAMPS = _stamps(700, [35] * 19)  # 20 tokens: the chapter's example, arrival at 0
+def _random_loop_case(generator: torch.Generator) -> Case:
+    from labkit.runtime.models import load_model
 
-TPOT = register(Exercise(
-    id="06.tpot_ms",
-    title="TPOT from token timestamps (None for one token)",
-    function="tpot_ms",
-    reference=reference_tpot_ms,
-    points=2,
-    rtol=1e-9,
-    atol=1e-9,
+    text = LOOP_PROMPTS[int(torch.randint(0, len(LOOP_PROMPTS), (1,), generator=generator))]
+    prompt_ids = load_model(progress=False).text_ids(text)
+    max_new_tokens = int(torch.randint(2, 4, (1,), generator=generator))
+    tokens = _greedy_after(tuple(prompt_ids[0].tolist()), max_new_tokens)
+    eos = None
+    if bool(torch.rand((), generator=generator) < 0.5):  # an end token the loop meets on the way
+        eos = tokens[int(torch.randint(0, max_new_tokens, (1,), generator=generator))]
+    n_out = len(reference_greedy_tokens(StepCounter(), prompt_ids, max_new_tokens, eos))
+    return _loop_case(prompt_ids, max_new_tokens, eos, n_out - 1,
+                      f"{text!r}, {max_new_tokens} new tokens, end token {eos}")
+
+
+def _first_token(logits: torch.Tensor) -> torch.Tensor:
+    return logits[:, -1].argmax(dim=-1, keepdim=True)
+
+
+def _loop(runner, prompt_ids, max_new_tokens, eos_token_id, *, feed_prompt=False, position=-1, steps=None,
+          keep_eos=True):
+    logits, cache = runner.prefill(prompt_ids)
+    token = logits[:, position].argmax(dim=-1, keepdim=True)
+    tokens: list[int] = []
+    wanted = max_new_tokens if steps is None else steps
+    while True:
+        if int(token) == eos_token_id and not keep_eos:
+            return tokens
+        tokens.append(int(token))
+        if len(tokens) >= wanted or int(token) == eos_token_id:
+            return tokens
+        fed = prompt_ids[:, -1:] if feed_prompt else token
+        logits, cache = runner.decode_one_token(fed, cache)
+        token = _first_token(logits)
+
+
+def _stale_token(runner, prompt_ids, max_new_tokens, eos_token_id):
+    return _loop(runner, prompt_ids, max_new_tokens, eos_token_id, feed_prompt=True)
+
+
+def _first_position(runner, prompt_ids, max_new_tokens, eos_token_id):
+    return _loop(runner, prompt_ids, max_new_tokens, eos_token_id, position=0)
+
+
+def _one_short(runner, prompt_ids, max_new_tokens, eos_token_id):
+    return _loop(runner, prompt_ids, max_new_tokens, eos_token_id, steps=max(1, max_new_tokens - 1))
+
+
+def _drops_eos(runner, prompt_ids, max_new_tokens, eos_token_id):
+    return _loop(runner, prompt_ids, max_new_tokens, eos_token_id, keep_eos=False)
+
+
+GREEDY_LOOP = register(Exercise(
+    id="06.greedy_loop",
+    title="The KV-cached greedy loop: one prefill, then one token per decode call",
+    function="greedy_generate",
+    reference=reference_greedy_tokens,
+    allowed=(StepCounter,),
+    points=3,
+    n_random=2,
+    time_limit_s=10.0,
     hand_cases=(
-        Case((0.0, CHAPTER_STAMPS), label="the chapter's example: first token at 700 ms, then 19 gaps of 35 ms"),
-        Case((0.0, [700.0]), label="one token: no interval after the first, so TPOT is unavailable (None)"),
-        Case((100.0, [400.0, 450.0]), label="two tokens: one interval of 50 ms"),
-        Case((0.0, [300.0, 310.0, 330.0, 390.0]), label="uneven gaps 10, 20, 60: their mean is 30"),
-        Case((5.0, [9.0, 9.0, 9.0]), label="tokens emitted together: TPOT 0"),
+        _loop_case(THE_TIDE, 1, None, 0, "one new token: the prefill's logits choose it, no decode call"),
+        _loop_case(THE, 3, None, 2, "a one-token prompt, three new tokens: one prefill, two decode calls"),
+        _loop_case(THE_TIDE, 5, THIRD_TOKEN, 2, f"end token {THIRD_TOKEN}, the third token chosen: keep it, "
+                                                "then stop (two decode calls)"),
     ),
-    random_case=_random_tpot_case,
-    hints=("TPOT = (t_n - t_1) / (n - 1): the mean of the n - 1 gaps after the first token; with one token there is "
-           "no gap, so return None",),
+    random_case=_random_loop_case,
+    hints=("prefill the prompt once; take the argmax of its last position's logits; then, until you have "
+           "max_new_tokens tokens or the end token, feed only the newest token to decode_one_token",),
     mistakes=(
-        Mistake("with one token TPOT is unavailable: return None, not 0 (0 would mean infinitely fast)",
-                _zero_for_one_token),
-        Mistake("dividing the total time by n mixes the prefill wait (TTFT) into every token: measure from the first "
-                "token, t_n - t_1", _total_over_n),
-        Mistake("n tokens have n - 1 gaps between them: divide by n - 1, not n", _decode_span_over_n),
-        Mistake("the first token's wait is TTFT, not a decode interval: start from t_1, not from the request start",
-                _ttft_included),
+        Mistake("feed decode_one_token the token you just chose: the cache holds everything before it",
+                _stale_token),
+        Mistake("the next token is predicted at the prompt's last position: logits[:, -1], not logits[:, 0]",
+                _first_position),
+        Mistake("one token short: the prefill's logits give the first token, then max_new_tokens - 1 decode calls "
+                "give the rest", _one_short),
+        Mistake("keep the end token itself (labkit's generate returns it), then stop", _drops_eos),
     ),
 ))
 
 
-# ----- 06.e2e_ms -----
+# ----- 06.latency_harness: TTFT, TPOT and E2E with warm-up, repeats and medians -----
 
 
-def reference_e2e_ms(ttft_ms: float, tpot_ms: float | None, n_tokens: int) -> float:
-    """labkit's answer: eq. 8.1, TTFT + (n - 1) x TPOT."""
-    return float(e2e_estimate(ttft_ms, tpot_ms, n_tokens))
+def reference_latency_harness(step, clock, n_tokens: int, warmup: int, repeats: int) -> torch.Tensor:
+    """labkit's answer: ``warmup`` untimed requests, then per repeat the metrics of its emission times; the medians
+    of TTFT, TPOT and E2E as a float64 tensor ``[3]``, in the clock's unit."""
+    for _ in range(warmup):
+        for k in range(n_tokens):
+            step(k)
+    runs = []
+    for _ in range(repeats):
+        start = clock()
+        stamps = []
+        for k in range(n_tokens):
+            step(k)
+            stamps.append(clock())
+        runs.append(request_metrics(stamps, start))
+    return torch.tensor([statistics.median(run.ttft_s for run in runs),
+                         statistics.median(run.tpot_s for run in runs),
+                         statistics.median(run.e2e_s for run in runs)], dtype=torch.float64)
 
 
-def _random_e2e_case(generator: torch.Generator) -> Case:
-    n = int(torch.randint(1, 500, (1,), generator=generator))
-    ttft = float(torch.rand((), generator=generator)) * 2000
-    tpot_ms = None if n == 1 else 1 + float(torch.rand((), generator=generator)) * 100
-    return Case((ttft, tpot_ms, n), label=f"{n} tokens")
+def _script(prefill_s: float, decode_s: float, *, warmup: int = 0, repeats: int = 1, start_s: float = 0.0,
+            pause: tuple[int, float] | None = None, jitter: torch.Generator | None = None,
+            n_tokens: int = 2) -> tuple[ScriptedSteps, ScriptedClock]:
+    """A scripted generation: the first ``warmup`` requests run 3x slower (cold), ``pause`` = (request, seconds)
+    adds a pause to that request's last decode step, ``jitter`` spreads every step by up to +-10 %."""
+    rows = []
+    for request in range(warmup + repeats + 1):
+        row = [prefill_s] + [decode_s] * (n_tokens - 1)
+        if jitter is not None:
+            row = [value * (0.9 + 0.2 * float(torch.rand((), generator=jitter))) for value in row]
+        if request < warmup:
+            row = [3 * value for value in row]
+        if pause is not None and request == pause[0]:
+            row[-1] += pause[1]
+        rows.append([round(value, 6) for value in row])
+    clock = ScriptedClock(start_s)
+    return ScriptedSteps(clock, rows), clock
 
 
-def _n_times_tpot(ttft_ms, tpot_ms, n_tokens):
-    return ttft_ms + n_tokens * (tpot_ms or 0.0)
+def _harness_case(label: str, n_tokens: int, warmup: int, repeats: int, **script) -> Case:
+    step, clock = _script(n_tokens=n_tokens, warmup=warmup, repeats=repeats, **script)
+    return Case((step, clock, n_tokens, warmup, repeats), label=label)
 
 
-def _no_ttft(ttft_ms, tpot_ms, n_tokens):
-    return (n_tokens - 1) * (tpot_ms or 0.0)
+def _random_harness_case(generator: torch.Generator) -> Case:
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
+    n_tokens, warmup, repeats = draw(2, 12), draw(0, 2), 2 * draw(0, 2) + 1
+    prefill_s, decode_s = 0.1 + 0.8 * float(torch.rand((), generator=generator)), 0.02 + 0.05 * float(
+        torch.rand((), generator=generator))
+    start_s = round(1000 * float(torch.rand((), generator=generator)), 3)
+    pause = (warmup + draw(0, repeats - 1), 0.5) if repeats > 1 else None
+    return _harness_case(f"{n_tokens} tokens, {warmup} warm-up, {repeats} repeats, clock at {start_s} s",
+                         n_tokens, warmup, repeats, prefill_s=prefill_s, decode_s=decode_s, start_s=start_s,
+                         pause=pause, jitter=generator)
 
 
-def _only_decode(ttft_ms, tpot_ms, n_tokens):
-    return n_tokens * (tpot_ms or 0.0)
+def _harness(step, clock, n_tokens, warmup, repeats, *, skip_warmup=False, average=statistics.median,
+             tpot_rule="gaps", origin="request", stamp="after"):
+    for _ in range(0 if skip_warmup else warmup):
+        for k in range(n_tokens):
+            step(k)
+    runs, first_start = [], clock()
+    for _ in range(repeats):
+        start = clock() if origin == "request" else first_start
+        stamps = []
+        for k in range(n_tokens):
+            if stamp == "before":
+                stamps.append(clock())
+            step(k)
+            if stamp == "after":
+                stamps.append(clock())
+        ttft, e2e = stamps[0] - start, stamps[-1] - start
+        if tpot_rule == "gaps":
+            tpot_value = (stamps[-1] - stamps[0]) / (n_tokens - 1)
+        elif tpot_rule == "n intervals":
+            tpot_value = (stamps[-1] - stamps[0]) / n_tokens
+        else:  # the first token's wait counted among the intervals
+            tpot_value = (stamps[-1] - start) / n_tokens
+        runs.append((ttft, tpot_value, e2e))
+    return torch.tensor([average(run[i] for run in runs) for i in range(3)], dtype=torch.float64)
 
 
-E2E = register(Exercise(
-    id="06.e2e_ms",
-    title="End-to-end latency from TTFT and TPOT (eq. 8.1)",
-    function="e2e_ms",
-    reference=reference_e2e_ms,
-    points=1,
-    rtol=1e-9,
+def _no_warmup(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, skip_warmup=True)
+
+
+def _mean(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, average=statistics.fmean)
+
+
+def _first_token_in_tpot(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, tpot_rule="first token")
+
+
+def _n_intervals(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, tpot_rule="n intervals")
+
+
+def _origin_before_warmup(step, clock, n_tokens, warmup, repeats):
+    start = clock()  # read once, before the warm-up
+    for _ in range(warmup):
+        for k in range(n_tokens):
+            step(k)
+    runs = []
+    for _ in range(repeats):
+        stamps = []
+        for k in range(n_tokens):
+            step(k)
+            stamps.append(clock())
+        runs.append((stamps[0] - start, (stamps[-1] - stamps[0]) / (n_tokens - 1), stamps[-1] - start))
+    return torch.tensor([statistics.median(run[i] for run in runs) for i in range(3)], dtype=torch.float64)
+
+
+def _origin_once(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, origin="once")
+
+
+def _stamp_before_step(step, clock, n_tokens, warmup, repeats):
+    return _harness(step, clock, n_tokens, warmup, repeats, stamp="before")
+
+
+LATENCY_HARNESS = register(Exercise(
+    id="06.latency_harness",
+    title="A timing harness: warm-up, repeats, and the medians of TTFT, TPOT and E2E",
+    function="measure_latency",
+    reference=reference_latency_harness,
+    allowed=(ScriptedSteps, ScriptedClock),
+    points=3,
+    rtol=1e-6,
     atol=1e-9,
     hand_cases=(
-        Case((700.0, 35.0, 20), label="the chapter's example: 700 + 19 x 35 = 1,365 ms"),
-        Case((700.0, None, 1), label="one token: the answer is TTFT alone (TPOT is None)"),
-        Case((120.0, 80.0, 2), label="two tokens: TTFT + one interval"),
+        _harness_case("a steady machine: prefill 0.7 s, then 0.035 s a token, 20 tokens, one run: TTFT 0.7, "
+                      "TPOT 0.035, E2E 0.7 + 19 x 0.035 = 1.365", 20, 0, 1, prefill_s=0.7, decode_s=0.035),
+        _harness_case("two tokens: one interval", 2, 0, 1, prefill_s=0.25, decode_s=0.0625),
+        _harness_case("the first request runs 3x slower (cold): one warm-up request, then one timed", 6, 1, 1,
+                      prefill_s=0.5, decode_s=0.05),
+        _harness_case("one of three repeats has a 0.5 s pause in its last step; the clock starts at 1,000 s", 5, 1,
+                      3, prefill_s=0.4, decode_s=0.04, start_s=1000.0, pause=(2, 0.5)),
+        _harness_case("two cold requests, two warm-up requests, three repeats", 4, 2, 3, prefill_s=0.3,
+                      decode_s=0.03, start_s=50.0),
     ),
-    random_case=_random_e2e_case,
-    hints=("E2E = TTFT + (n - 1) x TPOT: the first token is already inside TTFT; with one token TPOT is None and "
-           "E2E is TTFT",),
+    random_case=_random_harness_case,
+    hints=("for each repeat: start = clock() just before step(0); after each step(k), stamp clock(); TTFT = t_1 - "
+           "start, TPOT = (t_n - t_1) / (n - 1), E2E = t_n - start; return the medians",),
     mistakes=(
-        Mistake("the first token is already counted in TTFT: add (n - 1) intervals, not n", _n_times_tpot),
-        Mistake("E2E starts at the request: add TTFT", _no_ttft),
-        Mistake("E2E starts at the request: add TTFT, and only n - 1 intervals follow the first token", _only_decode),
+        Mistake("run `warmup` whole requests first and drop their times: the first requests pay for allocation "
+                "and set-up", _no_warmup),
+        Mistake("each repeat is a request of its own: read its start on the clock just before its step(0), not "
+                "once before the warm-up", _origin_before_warmup),
+        Mistake("each repeat is a request of its own: read its start on the clock just before its step(0), not "
+                "once before all the repeats", _origin_once),
+        Mistake("stamp the clock after step(k) returns: a token is emitted when its step ends, not when it "
+                "starts", _stamp_before_step),
+        Mistake("TPOT leaves the first token out: (t_n - t_1) / (n - 1), the mean of the n - 1 gaps after it",
+                _first_token_in_tpot),
+        Mistake("n tokens have n - 1 gaps between them: divide t_n - t_1 by n - 1, not n", _n_intervals),
+        Mistake("report the median over the repeats, not the mean: one slow repeat drags a mean a long way",
+                _mean),
     ),
 ))
 
+
+# ----- 06.predict_shorter_run_e2e: predict, then check -----
+
+EXAMPLE_TTFT_MS, EXAMPLE_TPOT_MS, EXAMPLE_TOKENS, SHORTER_TOKENS = 700, 35, 20, 10
+
+
+def shorter_run_e2e_ms() -> float:
+    """The example request (700 ms to the first token, 35 ms a token after) cut to 10 tokens:
+    E2E = TTFT + (n - 1) x TPOT."""
+    return e2e_estimate(EXAMPLE_TTFT_MS, EXAMPLE_TPOT_MS, SHORTER_TOKENS)
+
+
+PREDICT_SHORTER = register(prediction(
+    "06.predict_shorter_run_e2e", "Predict: E2E of a run with half the tokens and the same speed",
+    "predicted_shorter_run_e2e_ms", shorter_run_e2e_ms, rtol=0.01,
+    asked=f"TTFT {EXAMPLE_TTFT_MS} ms, TPOT {EXAMPLE_TPOT_MS} ms, {SHORTER_TOKENS} tokens instead of {EXAMPLE_TOKENS}",
+    hint="E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed"))
 
 # ----- 06.decode_floor_ms -----
 
@@ -247,65 +455,7 @@ DECODE_FLOOR = register(Exercise(
 ))
 
 
-# ----- 06.predict_batch_throughput: predict, then check -----
-
-# A CPU like a laptop's, as labkit.core.timing.LatencyModel coefficients in seconds: prefill 20 ms + 1.5 ms per
-# prompt token; a decode step 70 ms (the weights' read) + 6 ms per sequence + 2 us per cached token.
-EXAMPLE_CPU = LatencyModel(prefill_fixed_s=0.020, prefill_per_token_s=0.0015, decode_fixed_s=0.070,
-                           decode_per_sequence_s=0.006, decode_per_cached_token_s=2e-6)
-PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, PREDICT_BATCH = 32, 16, 8
-
-
-def throughput_gain_on_the_example() -> float:
-    """Throughput at batch 8 / throughput at batch 1 on EXAMPLE_CPU (32-token prompts, 16 new tokens)."""
-    batched = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, PREDICT_BATCH)
-    alone = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, 1)
-    return batched.tokens_per_s / alone.tokens_per_s
-
-
-PREDICT = register(prediction(
-    "06.predict_batch_throughput", "Predict, then check: the throughput gain of a batch of 8",
-    "predicted_throughput_gain", throughput_gain_on_the_example, rtol=0.25,  # within 25% of the model's answer
-    asked="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1",
-    hint="return your prediction as a number; each decode step reads the weights once for the whole batch, but the "
-         "prefill work grows with the batch"))
-
-
-# ----- Lesson 4.1's retrieve-and-predict questions 2, 6 and 7 -----
-
-OUTPUT_TOKENS = 8
-
-
-def decode_calls_for_eight_tokens() -> int:
-    """Counted on the model: the forward calls after the prefill while labkit's greedy loop writes 8 tokens (the
-    prefill's logits choose the first, so eq. 8.1's n - 1)."""
-    from labkit.runtime.generation import generate
-    from labkit.runtime.models import load_model
-
-    lm = load_model(progress=False)
-    steps = []
-    generate(lm, lm.text_ids("The tide"), OUTPUT_TOKENS, on_step=steps.append)
-    return sum(step.phase == "decode" for step in steps)
-
-
-PREDICT_CALLS = register(prediction(
-    "06.predict_forward_calls", "Predict: forward calls after the prefill for eight output tokens",
-    "forward_calls_after_prefill", decode_calls_for_eight_tokens,
-    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?"))
-
-CHAPTER_TTFT_MS, CHAPTER_TPOT_MS, CHAPTER_TOKENS, SHORTER_TOKENS = 700, 35, 20, 10
-
-
-def shorter_run_e2e_ms() -> float:
-    """The chapter's request (700 ms to the first token, 35 ms a token after) cut to 10 tokens: E2E by eq. 8.1."""
-    return e2e_estimate(CHAPTER_TTFT_MS, CHAPTER_TPOT_MS, SHORTER_TOKENS)
-
-
-PREDICT_SHORTER = register(prediction(
-    "06.predict_shorter_run_e2e", "Predict: E2E of a run with half the tokens and the same speed",
-    "predicted_shorter_run_e2e_ms", shorter_run_e2e_ms, rtol=0.01,
-    asked=f"TTFT {CHAPTER_TTFT_MS} ms, TPOT {CHAPTER_TPOT_MS} ms, {SHORTER_TOKENS} tokens instead of {CHAPTER_TOKENS}",
-    hint="eq. 8.1: E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed"))
+# ----- 06.predict_requests_sooner: predict, then check -----
 
 QUEUE = 3  # requests arriving together
 
@@ -324,3 +474,22 @@ PREDICT_SOONER = register(prediction(
     asked="EXAMPLE_CPU, three requests of 32 prompt tokens and 16 new tokens: one batch of 3 against one after "
           "another", hint="compare each request's finish time: served k-th, it waits for k - 1 whole requests first; "
                           "in the batch, all finish when the batch does"))
+
+
+# ----- 06.predict_batch_throughput: predict, then check -----
+
+
+
+def throughput_gain_on_the_example() -> float:
+    """Throughput at batch 8 / throughput at batch 1 on EXAMPLE_CPU (32-token prompts, 16 new tokens)."""
+    batched = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, PREDICT_BATCH)
+    alone = EXAMPLE_CPU.predict(PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, 1)
+    return batched.tokens_per_s / alone.tokens_per_s
+
+
+PREDICT = register(prediction(
+    "06.predict_batch_throughput", "Predict, then check: the throughput gain of a batch of 8",
+    "predicted_throughput_gain", throughput_gain_on_the_example, rtol=0.25,  # within 25% of the model's answer
+    asked="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1",
+    hint="return your prediction as a number; each decode step reads the weights once for the whole batch, but the "
+         "prefill work grows with the batch"))
