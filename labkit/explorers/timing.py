@@ -319,3 +319,63 @@ def steps_figure(prefix_lens: Sequence[int], cached_step_s: Sequence[float], unc
              title="one new token: cached step vs full recomputation")
     axes.legend(fontsize=8)
     return figure
+
+
+def emissions_figure(requests: Sequence[Any], title: str = "when each token came out") -> Any:
+    """One row per timed request: its TTFT as a bar from the start, then a tick at each token's emission.
+
+    ``requests``: ``labkit.core.timing.RequestMetrics`` (read by attribute: ``ttft_s``, ``itl_s``).
+
+    >>> from labkit.core.timing import request_metrics
+    >>> figure = emissions_figure([request_metrics([0.5, 0.6, 0.7]), request_metrics([0.4, 0.6])])
+    >>> len(figure.axes[0].patches), len(figure.axes[0].collections)  # two TTFT bars, two rows of ticks
+    (2, 2)
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 0.8 + 0.45 * len(requests)), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    for row, request in enumerate(requests):
+        stamps = [request.ttft_s + sum(request.itl_s[:i]) for i in range(len(request.itl_s) + 1)]
+        axes.barh(row, request.ttft_s * 1e3, height=0.5, color="tab:orange", label="TTFT" if row == 0 else None)
+        axes.scatter([s * 1e3 for s in stamps], [row] * len(stamps), marker="|", s=300, color="tab:blue",
+                     label="a token emitted" if row == 0 else None)
+    axes.set(yticks=range(len(requests)), yticklabels=[f"repeat {row + 1}" for row in range(len(requests))],
+             xlabel="ms from the request's start", xlim=(0, None), title=title)
+    axes.invert_yaxis()
+    axes.legend(fontsize=8, loc="lower right")
+    return figure
+
+
+def requests_timeline_figure(one_after_another: Any, one_batch: Any,
+                             title: str = "each request, from the start to its last token") -> Any:
+    """A Gantt chart of two runs of the same requests: served one after another, and in one batch.
+
+    Each run is a ``labkit.runtime.generation.RequestsRun`` (read by attribute: ``results`` with ``request``,
+    ``batch`` and ``latency_s``). A request's bar starts when its batch starts (when the batch before it ended)
+    and ends at its last token.
+
+    >>> from types import SimpleNamespace as Run
+    >>> alone = Run(results=[Run(request=0, batch=0, latency_s=1.0), Run(request=1, batch=1, latency_s=2.0)])
+    >>> together = Run(results=[Run(request=0, batch=0, latency_s=1.5), Run(request=1, batch=0, latency_s=1.5)])
+    >>> len(requests_timeline_figure(alone, together).axes[0].patches)  # one bar per request per run
+    4
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(6.4, 0.8 + 0.5 * len(one_batch.results)), dpi=80, layout="constrained")
+    axes = figure.add_subplot()
+    for offset, run, colour, label in ((-0.2, one_after_another, "tab:grey", "one after another"),
+                                       (0.2, one_batch, "tab:blue", "in one batch")):
+        ends = {}  # batch -> when its last request finished
+        for result in run.results:
+            ends[result.batch] = max(ends.get(result.batch, 0.0), result.latency_s)
+        for number, result in enumerate(sorted(run.results, key=lambda r: r.request)):
+            start = max((end for batch, end in ends.items() if batch < result.batch), default=0.0)
+            axes.barh(result.request + offset, (result.latency_s - start) * 1e3, left=start * 1e3, height=0.38,
+                      color=colour, label=label if number == 0 else None)
+    axes.set(yticks=sorted(r.request for r in one_batch.results), xlabel="ms from the start of the run",
+             ylabel="request", title=title)
+    axes.invert_yaxis()
+    axes.legend(fontsize=8, loc="lower right")
+    return figure
