@@ -17,10 +17,27 @@ ROUND_TRIP = get("03.predict_fp16_round_trip")
 def per_channel_solution(weight, bits):
     q_max = 2 ** (bits - 1) - 1
     scale = weight.abs().amax(dim=1, keepdim=True) / q_max
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # an all-zero row: any positive scale gives 0
     return torch.clamp(torch.round(weight / scale), -q_max, q_max) * scale
 
 
 def affine_solution(x, bits):
+    q_max = 2**bits - 1
+    low, high = torch.clamp(x.min(), max=0), torch.clamp(x.max(), min=0)
+    scale = torch.clamp((high - low) / q_max, min=torch.finfo(x.dtype).eps)  # an all-zero tensor: s > 0
+    zero = torch.clamp(-torch.round(low / scale), 0, q_max)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, q_max) - zero) * scale
+
+
+def naive_per_channel(weight, bits):
+    """Right everywhere except on an all-zero row, where the scale is 0 and 0 / 0 gives NaN."""
+    q_max = 2 ** (bits - 1) - 1
+    scale = weight.abs().amax(dim=1, keepdim=True) / q_max
+    return torch.clamp(torch.round(weight / scale), -q_max, q_max) * scale
+
+
+def naive_affine(x, bits):
+    """Right everywhere except on an all-zero tensor, where the scale is 0 and 0 / 0 gives NaN."""
     q_max = 2**bits - 1
     low, high = torch.clamp(x.min(), max=0), torch.clamp(x.max(), min=0)
     scale = (high - low) / q_max
@@ -86,16 +103,62 @@ def _codes_to_2_pow_bits(x, bits):
     return _affine(x, bits, levels=2**bits)
 
 
+def _offset_by_minimum(x, bits):
+    q_max = 2**bits - 1
+    low, high = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = (high - low) / q_max
+    return torch.clamp(torch.round((x - low) / scale), 0, q_max) * scale + low
+
+
+def _centred_grid(x, bits):
+    q_max = 2**bits - 1
+    scale = 2 * x.abs().max() / q_max
+    zero = 2 ** (bits - 1)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, q_max) - zero) * scale
+
+
 def test_per_channel_zoo():
     assert_zoo(PER_CHANNEL, per_channel_solution, {
         _per_tensor: "one scale per ROW", _uses_128: "not 2^(bits-1) (128)", _floor: "not down (floor)",
-        _codes_not_dequantized: "not the integer codes", _per_column: "reduce over dim=1"})
+        _codes_not_dequantized: "not the integer codes", _per_column: "reduce over dim=1",
+        naive_per_channel: "0 / 0 gives NaN"})
 
 
 def test_affine_zoo():
     assert_zoo(AFFINE, affine_solution, {
         _forgets_zero_point: "with the zero point", _range_without_zero: "include 0",
-        _unrounded_zero_point: "integer code", _codes_to_2_pow_bits: "2^bits - 1"})
+        _unrounded_zero_point: "integer code", _codes_to_2_pow_bits: "2^bits - 1",
+        _offset_by_minimum: "puts 0 between two codes", _centred_grid: "not [-max|x|, max|x|]",
+        naive_affine: "0 / 0 gives NaN"})
+
+
+def test_an_all_zero_row_or_tensor_comes_back_as_zeros():
+    """labkit's references return 0 where a scale of 0 would give NaN, and a hand case of each exercise says so."""
+    weight = torch.tensor([[0.0, 0.0, 0.0], [2.0, -0.5, 1.0]])
+    assert torch.equal(PER_CHANNEL.reference(weight, 8)[0], torch.zeros(3))
+    assert torch.isnan(naive_per_channel(weight, 8)[0]).all()
+    assert torch.equal(AFFINE.reference(torch.zeros(2, 3), 4), torch.zeros(2, 3))
+    assert torch.isnan(naive_affine(torch.zeros(2, 3), 4)).all()
+    assert any("all-zero row" in case.label for case in PER_CHANNEL.hand_cases)
+    assert any("all-zero tensor" in case.label for case in AFFINE.hand_cases)
+
+
+@pytest.mark.parametrize("exercise, solution", [(PER_CHANNEL, per_channel_solution), (AFFINE, affine_solution)])
+def test_a_verdict_takes_about_a_second_at_most(exercise, solution):
+    import time
+
+    start = time.perf_counter()
+    assert check_function(exercise, solution).status == "passed"
+    elapsed = time.perf_counter() - start
+    assert elapsed < 10, elapsed  # about 0.03 s on a quiet 2-core machine; generous for a loaded test machine
+
+
+@pytest.mark.parametrize("exercise", [PER_CHANNEL, AFFINE])
+def test_the_learner_stub_is_not_attempted(exercise):
+    def stub(values, bits):
+        raise NotImplementedError("your code here")
+
+    assert check_function(exercise, stub).status == "not attempted"
 
 
 def test_forbidden_torch_kernel_is_reported():
@@ -107,7 +170,7 @@ def test_forbidden_torch_kernel_is_reported():
     assert check_function(AFFINE, uses_torch, seed=0).status == "failed"
 
 
-# ----- 03.predict_fp16_round_trip (Lesson 4.1, question 3) -----
+# ----- 03.predict_fp16_round_trip: what an FP16 checkpoint gives back in FP32 -----
 
 def test_round_trip_answer_is_the_weights_already_on_fp16s_grid():
     copied, tuned = round_trip_checkpoint()

@@ -1,5 +1,8 @@
-"""Lab 03's exercises: Lesson 4.1's question 3 (what an FP16 checkpoint loaded into FP32 gives back), symmetric
+"""Lab 03's exercises: what an FP16 checkpoint loaded into FP32 gives back (a prediction), symmetric
 per-channel fake quantization, and affine quantization by MinMaxObserver's rule.
+
+Both quantizers meet an all-zero row or tensor: its scale would be 0 and 0 / 0 is NaN, where labkit's reference
+(a scale clamped to float32's eps) returns 0. A hand case covers it, and a mistake names the division.
 
 Each exercise's task text in ``notebooks/solutions/03_number_formats.ipynb`` states the rules used here.
 """
@@ -25,8 +28,17 @@ def _random_matrix(generator: torch.Generator) -> torch.Tensor:
     return x
 
 
+def _zero_row_case(generator: torch.Generator) -> torch.Tensor:
+    """A random matrix; one time in five, one of its rows (a pruned output channel) is all zeros."""
+    x = _random_matrix(generator)
+    if x.shape[0] > 1 and torch.rand(1, generator=generator) < 0.2:
+        x[int(torch.randint(0, x.shape[0], (1,), generator=generator))] = 0.0
+    return x
+
+
 # --------------------------------------------------------------------------------------------------------------
-# 03.predict_fp16_round_trip: Lesson 4.1's retrieve-and-predict question 3, answered before the notebook shows it
+# 03.predict_fp16_round_trip: does loading an FP16 checkpoint into FP32 give back what was lost? Answered before
+# the notebook shows it
 
 def weights_back_exactly() -> float:
     """How many of the checkpoint's 1,000 weights equal their FP32 value after saving in FP16 and loading into FP32."""
@@ -54,7 +66,7 @@ def fake_quantize_per_channel(weight: torch.Tensor, bits: int) -> torch.Tensor:
 
 def _per_channel_case(generator: torch.Generator) -> Case:
     bits = int(torch.randint(2, 9, (1,), generator=generator))
-    return Case((_random_matrix(generator), bits), label=f"a random [rows, cols] weight, bits = {bits}")
+    return Case((_zero_row_case(generator), bits), label=f"a random [rows, cols] weight, bits = {bits}")
 
 
 def _scale(weight, bits, q_max):
@@ -88,6 +100,17 @@ def _per_column(weight, bits):
     return fake_quantize(weight, bits, "symmetric", "channel", axis=1)
 
 
+def _zero_scale_rows(weight, bits):
+    q_max = 2 ** (bits - 1) - 1
+    s = _scale(weight, bits, q_max)  # 0 for an all-zero row: 0 / 0 is NaN
+    return torch.clamp(torch.round(weight / s), -q_max, q_max) * s
+
+
+ZERO_SCALE_HINT = ("an all-zero row has max|row| = 0, so its scale is 0 and 0 / 0 gives NaN: a row of zeros must "
+                   "come back as zeros; give such a row any positive scale (e.g. torch.where(scale == 0, 1, scale), "
+                   "or clamp the scale to a tiny minimum) so that its codes are 0")
+
+
 PER_CHANNEL = register(
     Exercise(
         id="03.fake_quantize_per_channel",
@@ -101,12 +124,16 @@ PER_CHANNEL = register(
             Case((torch.tensor([[-1.5, 0.5, 3.0]]), 3), label="s = 3/3 = 1: -1.5 -> -2 and 0.5 -> 0 (half to even)"),
             Case((torch.tensor([[1.27, -0.64], [0.03, 0.02]]), 8),
                  label="two rows, two scales: 1.27/127 and 0.03/127"),
-            Case((torch.tensor([[100.0, 1.0, -2.0], [0.3, -0.2, 0.1]]), 4), label="a large row must not flatten a small one"),
+            Case((torch.tensor([[100.0, 1.0, -2.0], [0.3, -0.2, 0.1]]), 4),
+                 label="a large row must not flatten a small one"),
+            Case((torch.tensor([[0.0, 0.0, 0.0], [2.0, -0.5, 1.0]]), 8),
+                 label="an all-zero row (a pruned channel) comes back as zeros, not NaN; s = 2/127 for the other"),
         ),
         random_case=_per_channel_case,
         hints=("one scale per row: s = max|row| / (2^(bits-1) - 1); q = clamp(round(w / s), -q_max, q_max); "
                "return q * s",),
-        mistakes=(
+        mistakes=(  # the zero-scale mistake first: it is right everywhere else, so it matches only NaN rows
+            Mistake(ZERO_SCALE_HINT, _zero_scale_rows),
             Mistake("one scale per ROW (output channel): take the max over dim=1 with keepdim=True, not over the "
                     "whole tensor", _per_tensor),
             Mistake("the largest code is 2^(bits-1) - 1 (127 for INT8), not 2^(bits-1) (128): with 128 the row's "
@@ -169,6 +196,18 @@ def _codes_to_2_pow_bits(x, bits):
     return (torch.clamp(torch.round(x / s) + z, 0, q_max) - z) * s
 
 
+def _centred_grid(x, bits):
+    q_max = 2**bits - 1
+    s = 2 * x.abs().max() / q_max  # [-max|x|, max|x|] on codes 0 .. q_max, zero point in the middle
+    z = torch.tensor(float(2 ** (bits - 1)))
+    return (torch.clamp(torch.round(x / s) + z, 0, q_max) - z) * s
+
+
+def _zero_scale_tensor(x, bits):
+    s, z, q_max = _affine_parts(x, bits)  # s = 0 for an all-zero tensor: 0 / 0 is NaN
+    return (torch.clamp(torch.round(x / s) + z, 0, q_max) - z) * s
+
+
 AFFINE = register(
     Exercise(
         id="03.affine_fake_quantize",
@@ -179,21 +218,32 @@ AFFINE = register(
         rtol=1e-5,
         atol=1e-5,
         hand_cases=(
-            Case((torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0]), 3), label="Table 8.7: s = 1, z = 2 -> -2, -1, 0, 1, 5"),
+            Case((torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0]), 3),
+                 label="the worked example: s = 1, z = 2 -> -2, -1, 0, 1, 5"),
             Case((torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0, 12.0]), 3),
-                 label="Table 8.7 recalibrated with 12: s = 2, z = 1 -> -2, 0, 0, 2, 4, 12"),
+                 label="the worked example recalibrated with 12: s = 2, z = 1 -> -2, 0, 0, 2, 4, 12"),
             Case((torch.tensor([1.0, 2.0, 3.0]), 8), label="all positive: the range still starts at 0 (z = 0)"),
             Case((torch.tensor([-3.0, -1.0]), 2), label="all negative: the range ends at 0 (z = 3)"),
+            Case((torch.tensor([-0.4, 0.0, 1.0]), 2),
+                 label="0 comes back as exactly 0: s = 1.4/3, z = round(0.4/s) = 1 -> -s, 0, 2s"),
+            Case((torch.zeros(2, 3), 4), label="an all-zero tensor comes back as zeros, not NaN"),
         ),
         random_case=_affine_case,
         hints=("widen [min, max] to include 0; s = (max - min) / (2^bits - 1); z = -round(min / s) clamped to "
                "[0, 2^bits - 1]; q = clamp(round(x / s) + z, 0, 2^bits - 1); return s * (q - z)",),
-        mistakes=(
+        mistakes=(  # the zero-scale mistake first: it is right everywhere else, so it matches only NaN outputs
+            Mistake("an all-zero tensor has the range [0, 0], so s = 0 and 0 / 0 gives NaN: it must come back as "
+                    "zeros; give it any positive scale (e.g. clamp s to a tiny minimum) so that every code is z",
+                    _zero_scale_tensor),
             Mistake("dequantize with the zero point: x_hat = s * (q - z), not s * q", _forgets_zero_point),
             Mistake("MinMaxObserver widens the range to include 0 (min(x_min, 0), max(x_max, 0)), so that 0 is "
                     "exactly representable", _range_without_zero),
-            Mistake("the zero point is an integer code: z = -round(x_min / s)", _unrounded_zero_point),
+            Mistake("the zero point is an integer code, z = -round(x_min / s), so that 0 is exactly on the grid; "
+                    "offsetting by x_min itself (round((x - x_min) / s), then s * q + x_min) puts 0 between two "
+                    "codes", _unrounded_zero_point),
             Mistake("bits give 2^bits codes, 0 .. 2^bits - 1: divide the range by 2^bits - 1", _codes_to_2_pow_bits),
+            Mistake("the grid spans [min(x_min, 0), max(x_max, 0)], not [-max|x|, max|x|]: a grid centred on 0 "
+                    "wastes the codes on the side that holds no values", _centred_grid),
         ),
         forbidden=(torch.fake_quantize_per_tensor_affine, torch.quantize_per_tensor),
     )
