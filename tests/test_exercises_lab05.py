@@ -1,6 +1,8 @@
-"""The bug zoo of lab 05: the KV-cache mistakes of the seed course (and of learners), each caught with a hint."""
+"""The bug zoo of lab 05: the memory mistakes of published formulas (and of learners), and a paged allocator's,
+each caught with a hint."""
 
 import dataclasses
+import time
 
 import pytest
 
@@ -12,112 +14,19 @@ from labkit.core.budget import budget, kv_batch_capacity, max_batch_size
 from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab05 import (
-    ACT_8B, EIGHT_B_LIKE, LLAMA_8B, LLAMA_8B_BF16, TINY_FREE, fewest_h100s_fp16_chunked, gqa_multiplier,
-    largest_batch_budget, qwen3_full_context_kv_gib, reference_kv_cache_gib, reference_largest_batch,
-    seed_formula_experiment_gib,
+    ACT_8B, LLAMA_8B, LLAMA_8B_BF16, TINY_FREE, fewest_h100s_fp16_chunked, gqa_multiplier, largest_batch_budget,
+    qwen3_full_context_kv_gib, reference_largest_batch,
 )
-from labkit.core.memory import GB, GIB, kv_bytes_per_token, kv_cache_bytes as labkit_kv_cache_bytes, to_gib
+from labkit.core.memory import GIB
+from labkit.core.paging import replay_block_events
 from labkit.core.presets import gpu_preset, model_preset
 from zoo import assert_zoo
 
-KV = get("05.kv_cache_gib")
 BATCH = get("05.largest_batch")
+PAGED = get("05.paged_allocator")
 
 
-# ----- exercise 5.1: kv_cache_gib -----
-
-def kv_solution(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value / 2**30
-
-
-def ignores_kv_heads(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_heads * spec.head_dim * bytes_per_value / 2**30
-
-
-def forgets_values(spec, batch_size, seq_len, bytes_per_value):
-    return batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value / 2**30
-
-
-def decimal_gb(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value / 1e9
-
-
-def head_dim_from_d_model(spec, batch_size, seq_len, bytes_per_value):
-    head_dim = spec.d_model // spec.n_heads
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * head_dim * bytes_per_value / 2**30
-
-
-def seed_formula(spec, batch_size, seq_len, bytes_per_value):  # seed 000's calculate_inference_vram
-    return 2 * bytes_per_value * spec.n_layers * spec.d_model * seq_len * batch_size / (1024**3)
-
-
-def no_layers(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_kv_heads * spec.head_dim * bytes_per_value / 2**30
-
-
-def returns_bytes(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
-
-
-def calls_labkit(spec, batch_size, seq_len, bytes_per_value):
-    return labkit_kv_cache_bytes(spec, batch_size, seq_len, "bf16") / 2**30
-
-
-def only_right_on_gqa_with_even_heads(spec, batch_size, seq_len, bytes_per_value):
-    # Right whenever d_model == n_heads x head_dim; wrong for Qwen3 (and for random specs that break it)
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * (spec.d_model / spec.n_heads) \
-        * bytes_per_value / 2**30
-
-
-KV_ZOO = {
-    ignores_kv_heads: "use spec.n_kv_heads",
-    forgets_values: "keys AND values",
-    decimal_gb: "GiB is 2**30 bytes",
-    head_dim_from_d_model: "use spec.head_dim",
-    seed_formula: "not d_model",
-    no_layers: "multiply by n_layers",
-    returns_bytes: "return GiB",
-    calls_labkit: "calls labkit's own `labkit.core.memory.kv_cache_bytes`",
-    only_right_on_gqa_with_even_heads: "use spec.head_dim",
-}
-
-
-def test_kv_solution_passes():
-    assert check_function(KV, kv_solution).status == "passed"
-
-
-def kv_with_allowed_helpers(spec, batch_size, seq_len, bytes_per_value):
-    # the spec's properties (and a copy of it) and labkit's unit conversion are allowed
-    kv_heads = dataclasses.replace(spec).n_heads // spec.query_per_kv
-    return to_gib(2 * batch_size * seq_len * spec.n_layers * kv_heads * spec.head_dim * bytes_per_value)
-
-
-def test_the_spec_and_unit_helpers_are_allowed_other_labkit_functions_are_not():
-    assert check_function(KV, kv_with_allowed_helpers).status == "passed"
-    for exercise in (KV, BATCH):
-        assert exercise.allowed_text == (
-            "You may call `labkit.core.spec.ModelSpec` (its methods and properties), `labkit.core.memory.to_gib` and "
-            "`labkit.core.memory.to_gb`; any other labkit function is reported by the check.")
-
-    def per_token(spec, batch_size, seq_len, bytes_per_value):
-        return kv_bytes_per_token(spec, "bf16") * batch_size * seq_len / 2**30
-
-    assert "calls labkit's own `labkit.core.memory.kv_bytes_per_token`" in str(check_function(KV, per_token))
-
-
-@pytest.mark.parametrize("wrong,pointer", KV_ZOO.items(), ids=[f.__name__ for f in KV_ZOO])
-def test_every_kv_bug_fails_with_a_pointed_hint(wrong, pointer):
-    assert_zoo(KV, kv_solution, {wrong: pointer})
-
-
-def test_kv_reference_gives_the_chapter_figures():
-    llama = model_preset("Llama-3.3-70B")
-    assert reference_kv_cache_gib(EIGHT_B_LIKE, 16, 4096, 2) == 8.0
-    assert reference_kv_cache_gib(llama, 1, 32_000, 2) == 9.765625
-    assert reference_kv_cache_gib(llama, 1, 32_768, 2) == 10.0
-
-
-# ----- exercise 5.2: largest_batch with chunked prefill -----
+# ----- the largest batch, with chunked prefill -----
 
 def batch_solution(spec, gpu_memory_mib, seq_len, weights_bytes, bytes_per_value, chunk_tokens,
                    activation_bytes_per_token, reserve_fraction):
@@ -304,14 +213,12 @@ def test_the_exercise_budget_is_labkits_chunked_budget():
 def test_prediction_answers():
     assert qwen3_full_context_kv_gib() == 4.375  # 2 x 28 x 8 x 128 x 2 B x 40,960 tokens
     assert gqa_multiplier() == 0.25
-    assert seed_formula_experiment_gib() == 640.0  # 8 x the truth, 80 GiB
     assert fewest_h100s_fp16_chunked() == 4
 
 
 @pytest.mark.parametrize("exercise_id,right,wrong", [
     ("05.predict_qwen3_kv_gib", 4.4, 2.1875),  # 2.1875: head_dim taken as d_model / n_heads = 64
     ("05.predict_gqa_multiplier", 0.25, 4),
-    ("05.seed_formula_gib", 640, 80.0),
     ("05.predict_h100_count", 4, 8),
 ])
 def test_predictions_pass_near_the_truth_and_fail_on_the_traps(exercise_id, right, wrong):
@@ -328,6 +235,178 @@ def test_predictions_pass_near_the_truth_and_fail_on_the_traps(exercise_id, righ
 
 def test_lab05_registers_its_exercises_and_predictions():
     assert [ex.id for ex in exercises("05")] == [
-        "05.kv_cache_gib", "05.largest_batch", "05.predict_qwen3_kv_gib", "05.predict_gqa_multiplier",
-        "05.seed_formula_gib", "05.predict_h100_count"]
-    assert [ex.points for ex in exercises("05")] == [2, 3, 1, 1, 1, 1]
+        "05.predict_qwen3_kv_gib", "05.predict_gqa_multiplier", "05.predict_h100_count", "05.largest_batch",
+        "05.paged_allocator"]
+    assert [ex.points for ex in exercises("05")] == [1, 1, 1, 3, 3]
+
+
+# ----- the paged KV allocator -----
+
+def paged_solution(events, n_blocks, block_size):
+    free_pool = list(range(n_blocks))
+    tables, tokens, refused = {}, {}, []
+    for index, (kind, request, n_tokens) in enumerate(events):
+        if kind == "free":
+            if request in tables:
+                free_pool += tables.pop(request)
+                del tokens[request]
+            continue
+        if kind == "append" and request not in tables:
+            continue
+        total = tokens.get(request, 0) + n_tokens
+        needed = -(-total // block_size) - len(tables.get(request, []))
+        if needed > len(free_pool):
+            refused.append(index)
+            continue
+        free_pool.sort()
+        tables.setdefault(request, []).extend(free_pool[:needed])
+        del free_pool[:needed]
+        tokens[request] = total
+    wasted = sum(len(blocks) * block_size - tokens[request] for request, blocks in tables.items())
+    return tables, len(free_pool), wasted, refused
+
+
+def learner_like(events, n_blocks, block_size, *, blocks_for=None, keep_freed=False, fresh_ids=False,
+                 partial=False, waste="last block"):
+    blocks_for = blocks_for or (lambda n: -(-n // block_size))
+    pool, tables, tokens, refused, next_id, event_waste, n_free = list(range(n_blocks)), {}, {}, [], 0, 0, n_blocks
+    for index, (kind, request, n_tokens) in enumerate(events):
+        if kind == "free":
+            if request in tables:
+                pool += tables[request]
+                n_free += len(tables[request])
+                if not keep_freed:
+                    event_waste -= len(tables[request]) * block_size - tokens[request]
+                    del tables[request], tokens[request]
+            continue
+        if kind == "append" and request not in tables:
+            continue
+        total = tokens.get(request, 0) + n_tokens
+        needed = max(blocks_for(total) - len(tables.get(request, [])), 0)
+        if needed > n_free:
+            refused.append(index)
+            if not partial or not n_free:
+                continue
+            needed = n_free
+        if fresh_ids:
+            new, next_id = list(range(next_id, next_id + needed)), next_id + needed
+        else:
+            pool.sort()
+            new, pool = pool[:needed], pool[needed:]
+        n_free -= needed
+        tables.setdefault(request, []).extend(new)
+        tokens[request] = total
+        event_waste += -(-n_tokens // block_size) * block_size - n_tokens
+    if waste == "per event":
+        wasted = event_waste
+    elif waste == "filled":
+        wasted = sum(tokens[request] % block_size for request in tables)
+    elif waste == "whole pool":
+        wasted = n_blocks * block_size - sum(tokens.values())
+    else:
+        wasted = sum(len(blocks) * block_size - tokens[request] for request, blocks in tables.items())
+    return tables, n_free, wasted, refused
+
+
+def new_block_when_exactly_full(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, blocks_for=lambda n: n // block_size + 1)
+
+
+def floor_blocks(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, blocks_for=lambda n: n // block_size)
+
+
+def block_per_token(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, blocks_for=lambda n: n)
+
+
+def keeps_freed_table(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, keep_freed=True)
+
+
+def never_reuses(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, fresh_ids=True)
+
+
+def partial_allocation(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, partial=True)
+
+
+def waste_per_event(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, waste="per event")
+
+
+def waste_filled_slots(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, waste="filled")
+
+
+def waste_whole_pool(events, n_blocks, block_size):
+    return learner_like(events, n_blocks, block_size, waste="whole pool")
+
+
+def crashes_on_second_free(events, n_blocks, block_size):
+    freed = set()
+    for kind, request, _ in events:  # as if free ran `free_pool += tables.pop(request)` unguarded
+        if kind == "free" and request in freed:
+            raise KeyError(request)
+        if kind == "free":
+            freed.add(request)
+    return paged_solution(events, n_blocks, block_size)
+
+
+def calls_labkit(events, n_blocks, block_size):
+    return replay_block_events(events, n_blocks, block_size)
+
+
+PAGED_ZOO = {
+    new_block_when_exactly_full: "a block that is exactly full needs no new block",
+    floor_blocks: "round up",
+    block_per_token: "not one per token",
+    keeps_freed_table: "free must also remove the request from the block table",
+    never_reuses: "reuse freed blocks",
+    partial_allocation: "refused whole",
+    waste_per_event: "not added up event by event",
+    waste_filled_slots: "not the filled ones",
+    waste_whole_pool: "free blocks are not fragmentation",
+    crashes_on_second_free: "raised KeyError",
+    calls_labkit: "calls labkit's own `labkit.core.paging.replay_block_events`",
+}
+
+
+@pytest.mark.parametrize("wrong,pointer", PAGED_ZOO.items(), ids=[f.__name__ for f in PAGED_ZOO])
+def test_every_paged_allocator_bug_fails_with_a_pointed_hint(wrong, pointer):
+    assert_zoo(PAGED, paged_solution, {wrong: pointer})
+
+
+def test_the_paged_allocator_stub_is_not_attempted_and_the_check_is_fast():
+    def stub(events, n_blocks, block_size):
+        raise NotImplementedError
+
+    assert check_function(PAGED, stub).status == "not attempted"
+    started = time.perf_counter()
+    assert check_function(PAGED, paged_solution).status == "passed"
+    assert time.perf_counter() - started < 2.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_random_event_streams_agree_with_a_plain_replay_and_often_run_out(seed):
+    case = PAGED.random_case(torch.Generator().manual_seed(seed))
+    assert replay_block_events(*case.args) == tuple(paged_solution(*case.args))
+
+
+def test_random_streams_cover_refusals_frees_and_full_blocks():
+    generator = torch.Generator().manual_seed(0)
+    replays = [replay_block_events(*PAGED.random_case(generator).args) for _ in range(200)]
+    assert sum(bool(replay.refused) for replay in replays) > 40
+    assert sum(replay.wasted_slots == 0 and bool(replay.block_tables) for replay in replays) > 10
+    cases = [PAGED.random_case(torch.Generator().manual_seed(seed)) for seed in range(200)]
+    assert sum(any(kind == "free" for kind, _, _ in case.args[0]) for case in cases) > 100
+
+
+def test_what_each_exercise_may_call():
+    assert BATCH.allowed_text == (
+        "You may call `labkit.core.spec.ModelSpec` (its methods and properties), `labkit.core.memory.to_gib` and "
+        "`labkit.core.memory.to_gb`; any other labkit function is reported by the check.")
+    assert PAGED.allowed_text == (
+        "No labkit function may be called inside your function: the check reports any call into labkit.")

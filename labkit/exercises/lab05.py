@@ -1,10 +1,11 @@
-"""Lab 05's exercises: the KV-cache size of eq. 8.3 in GiB, the largest batch a GPU serves with chunked prefill,
-and the predictions the lab asks for before it computes their answers.
+"""Lab 05's exercises: the largest batch a GPU serves with chunked prefill, the paged KV allocator (a block table
+over a fixed pool of blocks), and the predictions the lab asks for before it computes their answers.
 
-Both exercises take a labkit.core.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not n_heads)
-and head_dim (not d_model // n_heads). The largest batch adds judgement: which parts of the memory grow with the
-batch (the KV cache), which stop growing (the activations of a chunked prefill, once a chunk is full), and which
-do not (weights, the reserve). The mistakes below are the ones the seed course itself makes, and learners' own.
+The largest batch takes a labkit.core.spec.ModelSpec, so the learner must pick the right fields: n_kv_heads (not
+n_heads) and head_dim (not d_model // n_heads), and judge which parts of the memory grow with the batch (the KV
+cache), which stop growing (the activations of a chunked prefill, once a chunk is full), and which do not (weights,
+the reserve). The paged allocator is checked against labkit.core.paging.replay_block_events. The mistakes below are
+the ones published memory formulas make, and learners' own.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 
 import torch
 
-from labkit.core.course import CHAPTER_8B
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction, single_answer
 from labkit.exercises import register
 from labkit.core.memory import GB, GIB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
+from labkit.core.paging import EVENT_KINDS, replay_block_events
 from labkit.core.presets import gpu_preset, model_preset
 from labkit.core.spec import ModelSpec
 
@@ -28,27 +29,16 @@ _ALLOWED = (ModelSpec, to_gib, to_gb)
 # bytes_per_value as the learner passes it -> labkit's format name
 _FORMAT = {4: "fp32", 2: "bf16", 1: "fp8", 0.5: "int4"}
 
-# Every shortcut gives a different answer on this toy: n_heads/n_kv_heads = 4, d_model/n_heads = 3 x head_dim.
-TOY = ModelSpec("toy: 4 query heads per KV head, head_dim 4 though d_model / n_heads = 12",
-                n_layers=3, d_model=48, n_heads=4, n_kv_heads=1, head_dim=4, vocab=100)
-EIGHT_B_LIKE = CHAPTER_8B  # the chapter's example: 32 layers, 8 KV heads of 128
-
-
 def _kv_format(bytes_per_value: float) -> str:
     if bytes_per_value not in _FORMAT:
         raise ValueError(f"bytes_per_value must be one of {sorted(_FORMAT)}, got {bytes_per_value!r}")
     return _FORMAT[bytes_per_value]
 
 
-def reference_kv_cache_gib(spec: ModelSpec, batch_size: int, seq_len: int, bytes_per_value: float) -> float:
-    """labkit's answer: eq. 8.3 in binary GiB (2**30 bytes)."""
-    return to_gib(kv_cache_bytes(spec, batch_size, seq_len, _kv_format(bytes_per_value)))
-
-
 def largest_batch_budget(spec: ModelSpec, gpu_memory_mib: int, seq_len: int, weights_bytes: int,
                          bytes_per_value: float, chunk_tokens: int, activation_bytes_per_token: int,
                          reserve_fraction: float, batch_size: int) -> MemoryBudget:
-    """The GPU's memory at batch_size, part by part: what exercise 5.2 asks to fit.
+    """The GPU's memory at batch_size, part by part: what the largest-batch exercise asks to fit.
 
     The activations of a chunked prefill: at most chunk_tokens tokens are in flight in one forward step, fewer
     when the whole batch holds fewer (labkit.core.budget.activations_bytes's rule, per token given here).
@@ -97,14 +87,6 @@ def _random_spec(generator: torch.Generator) -> ModelSpec:
                      n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=32000)
 
 
-def _random_kv_case(generator: torch.Generator) -> Case:
-    spec = _random_spec(generator)
-    batch_size = int(torch.randint(1, 65, (1,), generator=generator))
-    seq_len = int(torch.randint(1, 131_073, (1,), generator=generator))
-    bytes_per_value = list(_FORMAT)[int(torch.randint(0, 4, (1,), generator=generator))]
-    return Case((spec, batch_size, seq_len, bytes_per_value), label="a random model shape")
-
-
 def _random_batch_case(generator: torch.Generator) -> Case:
     def pick(options: list) -> Any:
         return options[int(torch.randint(0, len(options), (1,), generator=generator))]
@@ -119,74 +101,7 @@ def _random_batch_case(generator: torch.Generator) -> Case:
                  activation_per_token, pick([0.0, 0.05, 0.1, 0.25])), label="a random model on a random GPU")
 
 
-# ----- deliberately wrong versions of exercise 5.1 (matched on a failing case to give a pointed hint) -----
-
-def _d_model_formula(spec, batch_size, seq_len, bytes_per_value):  # the seed lab's formula
-    return 2 * batch_size * seq_len * spec.n_layers * spec.d_model * bytes_per_value / GIB
-
-
-def _query_heads(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_heads * spec.head_dim * bytes_per_value / GIB
-
-
-def _head_dim_from_d_model(spec, batch_size, seq_len, bytes_per_value):
-    head_dim = spec.d_model // spec.n_heads
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * head_dim * bytes_per_value / GIB
-
-
-def _decimal_gb(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value / GB
-
-
-def _keys_only(spec, batch_size, seq_len, bytes_per_value):
-    return batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value / GIB
-
-
-def _no_layers(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_kv_heads * spec.head_dim * bytes_per_value / GIB
-
-
-def _bytes_not_gib(spec, batch_size, seq_len, bytes_per_value):
-    return 2 * batch_size * seq_len * spec.n_layers * spec.n_kv_heads * spec.head_dim * bytes_per_value
-
-
-KV_CACHE = register(Exercise(
-    id="05.kv_cache_gib",
-    title="KV-cache size (eq. 8.3) in GiB",
-    function="kv_cache_gib",
-    reference=reference_kv_cache_gib,
-    allowed=_ALLOWED,
-    points=2,
-    rtol=1e-9,
-    atol=0.0,
-    hand_cases=(
-        Case((TOY, 2, 2**17, 2), label="the toy, 2 x 131,072 tokens: 2 x 2 x 2**17 x 3 layers x 1 KV head x 4 x 2 B "
-                                        "= 12 MiB = 0.01171875 GiB"),
-        Case((EIGHT_B_LIKE, 16, 4096, 2), label="the chapter's worked example: exactly 8 GiB"),
-        Case((model_preset("Llama-3.3-70B"), 1, 32_000, 2), label="Llama 3.3 70B, 32,000 tokens: 9.765625 GiB"),
-        Case((model_preset("Llama-3.3-70B"), 1, 32_768, 2), label="Llama 3.3 70B, 32,768 tokens: 10 GiB"),
-        Case((model_preset("Qwen3-0.6B"), 4, 1000, 1), label="Qwen3-0.6B: head_dim 128 while 1024 / 16 = 64"),
-        Case((model_preset("Falcon-7B"), 2, 2048, 0.5), label="Falcon-7B: multi-query, one KV head; 4-bit cache"),
-        Case((EIGHT_B_LIKE, 0, 4096, 2), label="an empty batch holds nothing"),
-    ),
-    random_case=_random_kv_case,
-    hints=("2 (keys and values) x batch_size x seq_len x n_layers x n_kv_heads x head_dim x bytes_per_value, "
-           "then divide by 2**30",),
-    mistakes=(
-        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the lab reading's formula)",
-                _d_model_formula),
-        Mistake("use spec.n_kv_heads: only the key/value heads are cached, the query heads are not", _query_heads),
-        Mistake("use spec.head_dim: it is not always d_model // n_heads (Qwen3-0.6B: 128, not 64)",
-                _head_dim_from_d_model),
-        Mistake("GiB is 2**30 bytes; dividing by 10**9 gives decimal GB", _decimal_gb),
-        Mistake("the cache holds keys AND values: multiply by 2", _keys_only),
-        Mistake("every layer has its own cache: multiply by n_layers", _no_layers),
-        Mistake("return GiB (bytes / 2**30), not bytes", _bytes_not_gib),
-    ),
-))
-
-
-# ----- deliberately wrong versions of exercise 5.2 -----
+# ----- deliberately wrong versions of the largest batch -----
 # Each changes one judgement of the reference; the answer is then the last batch its own total lets fit.
 
 def _wrong_largest(total, free_bytes) -> int:
@@ -301,7 +216,7 @@ ACT_8B, ACT_70B = activation_bytes_per_token(LLAMA_8B), activation_bytes_per_tok
 TINY_FREE = ModelSpec("toy: 48 B of cache per token", n_layers=3, d_model=24, n_heads=4, n_kv_heads=1, head_dim=4,
                       vocab=100)
 
-LARGEST_BATCH = register(Exercise(
+LARGEST_BATCH = Exercise(
     id="05.largest_batch",
     title="The largest batch that fits with chunked prefill",
     function="largest_batch",
@@ -360,14 +275,14 @@ LARGEST_BATCH = register(Exercise(
                 _gib_read_as_gb),
         Mistake("the weights are already in the GPU: subtract weights_bytes", _ignores_weights),
         Mistake("use spec.n_kv_heads: only the key/value heads are cached", _query_heads_batch),
-        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (the lab reading's formula)",
-                _d_model_batch),
+        Mistake("n_kv_heads x head_dim, not d_model: d_model counts every query head (a popular formula "
+                "computes the cache as 2 x bytes x n_layers x d_model x seq_len)", _d_model_batch),
         Mistake("one sequence too many: return the last batch that fits, not the first that does not (round down)",
                 _one_too_many),
         Mistake("when the weights and the reserve alone do not fit, the answer is 0, not a negative batch",
                 _negative_when_too_big),
     ),
-))
+)
 
 
 # ----- predictions and computations the lab asks for before it shows their answers -----
@@ -380,11 +295,11 @@ def qwen3_full_context_kv_gib() -> float:
     return to_gib(kv_cache_bytes(QWEN3, 1, QWEN3.max_position_embeddings, "bf16"))
 
 
-PREDICT_KV = register(prediction(
+PREDICT_KV = prediction(
     "05.predict_qwen3_kv_gib", "Predict: Qwen3-0.6B's KV cache at its full context, in GiB", "predicted_qwen3_kv_gib",
     qwen3_full_context_kv_gib, rtol=0.02,
     asked=f"Qwen3-0.6B, one sequence of {QWEN3.max_position_embeddings:,} tokens, BF16 (within 2%)",
-    hint="return a number of GiB; which two fields give the width of the cached keys of one layer?"))
+    hint="return a number of GiB; which two fields give the width of the cached keys of one layer?")
 
 
 def gqa_multiplier() -> float:
@@ -393,33 +308,16 @@ def gqa_multiplier() -> float:
     return kv_cache_bytes(LLAMA_8B, 1, 1) / kv_cache_bytes(as_if_mha, 1, 1)
 
 
-PREDICT_GQA = register(prediction(
+PREDICT_GQA = prediction(
     "05.predict_gqa_multiplier", "Predict: Llama-3-8B's KV cache as a fraction of full multi-head attention's",
     "predicted_gqa_multiplier", gqa_multiplier, atol=0.005,
     asked="Llama-3-8B (32 query heads, 8 KV heads) against the same shape with 32 KV heads (within 0.005)",
-    hint="return a fraction such as 0.5; which heads does the cache store?"))
-
-SEED_EXPERIMENT = dict(batch_size=16, seq_len=16_384, bytes_per_value=2)  # seed 000: "Llama-3-70B ... 16,384 x 16"
-
-
-def seed_formula_experiment_gib() -> float:
-    """The seed lab's calculate_inference_vram KV cache for its own experiment (FP16): 640.0 (GiB)."""
-    n_bytes = 2 * SEED_EXPERIMENT["bytes_per_value"] * LLAMA_70B.n_layers * LLAMA_70B.d_model \
-        * SEED_EXPERIMENT["seq_len"] * SEED_EXPERIMENT["batch_size"]  # 2 x b x L x d_model x T x B
-    return n_bytes / 1024**3
-
-
-COMPUTE_SEED = register(single_answer(
-    "05.seed_formula_gib", "Compute: the lab reading's formula, its KV cache for its own 70B experiment",
-    "seed_formula_kv_gib",
-    seed_formula_experiment_gib, rtol=1e-3,
-    asked="the lab reading's formula, Llama-3-70B (80 layers, d_model 8,192), 16 sequences of 16,384 tokens, FP16",
-    hint="return the number the reading's function would report as kv_cache_gb: 2 x bytes x layers x d_model x "
-         "seq_len x batch / 1024**3"))
+    hint="return a fraction such as 0.5; which heads does the cache store?")
 
 
 def fewest_h100s_fp16_chunked() -> int:
-    """The fewest tensor-parallel H100s (1, 2, 4, 8) on which the seed lab's FP16 experiment fits, chunked prefill."""
+    """The fewest tensor-parallel H100s (1, 2, 4, 8) on which Llama-3.3-70B in FP16 serves 16 x 16,384 tokens
+    with an FP16 cache and chunked prefill."""
     from labkit.core.budget import budget
 
     h100 = gpu_preset("H100-SXM")
@@ -427,8 +325,173 @@ def fewest_h100s_fp16_chunked() -> int:
                                                     tp=tp, prefill_chunk_tokens=8192).fits)
 
 
-PREDICT_GPUS = register(prediction(
-    "05.predict_h100_count", "Predict: the fewest H100s that serve the lab reading's FP16 experiment",
+PREDICT_GPUS = prediction(
+    "05.predict_h100_count", "Predict: the fewest H100s for Llama-3.3-70B in FP16, 16 x 16,384 tokens",
     "predicted_h100_count", fewest_h100s_fp16_chunked, choices=(1, 2, 4, 8),
     asked="Llama-3.3-70B in FP16, 16 x 16,384 tokens, FP16 cache, chunks of 8,192 tokens, 10% reserve: 1, 2, 4 or 8",
-    hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs"))
+    hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs")
+
+
+# ----- the paged KV allocator: a block table over a fixed pool of blocks -----
+
+def _random_events_case(generator: torch.Generator) -> Case:
+    """A short stream of allocate / append / free events on a small pool, so the pool often runs out."""
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
+    block_size, n_blocks = [1, 2, 3, 4, 8, 16][draw(0, 5)], draw(1, 12)
+    events, started = [], []
+    for _ in range(draw(3, 12)):
+        kind = "allocate" if not started else EVENT_KINDS[draw(0, 2)]
+        if kind == "allocate":
+            started.append(len(started))
+            events.append(("allocate", started[-1], draw(1, 3 * block_size)))
+        else:
+            request = started[draw(0, len(started) - 1)]
+            events.append((kind, request, 0 if kind == "free" else draw(1, 2 * block_size)))
+    return Case((events, n_blocks, block_size), label="a random stream of events")
+
+
+def _replay_with(events, n_blocks, block_size, *, blocks_for=None, keep_freed=False, fresh_ids=False,
+                 partial=False, waste="last block"):
+    """replay_block_events written the way a learner would, with one judgement changed by a flag."""
+    blocks_for = blocks_for or (lambda n: -(-n // block_size))
+    pool, tables, tokens, refused, next_id, event_waste = list(range(n_blocks)), {}, {}, [], 0, 0
+    n_free = n_blocks
+    for index, (kind, request, n_tokens) in enumerate(events):
+        if kind == "free":
+            if request in tables:
+                pool += tables[request]
+                n_free += len(tables[request])
+                if keep_freed:
+                    continue  # the table still points at the blocks just freed
+                event_waste -= len(tables[request]) * block_size - tokens[request]
+                del tables[request], tokens[request]
+            continue
+        if kind == "append" and request not in tables:
+            continue
+        total = tokens.get(request, 0) + n_tokens
+        needed = max(blocks_for(total) - len(tables.get(request, [])), 0)
+        if needed > n_free:
+            refused.append(index)
+            if not partial or not n_free:
+                continue
+            needed = n_free  # hands out what is left
+        if fresh_ids:
+            new, next_id = list(range(next_id, next_id + needed)), next_id + needed
+        else:
+            pool.sort()
+            new, pool = pool[:needed], pool[needed:]
+        n_free -= needed
+        tables.setdefault(request, []).extend(new)
+        tokens[request] = total
+        event_waste += -(-n_tokens // block_size) * block_size - n_tokens
+    if waste == "per event":
+        wasted = event_waste
+    elif waste == "filled":
+        wasted = sum(tokens[request] % block_size for request in tables)
+    elif waste == "whole pool":
+        wasted = n_blocks * block_size - sum(tokens.values())
+    else:
+        wasted = sum(len(blocks) * block_size - tokens[request] for request, blocks in tables.items())
+    return tables, n_free, wasted, refused
+
+
+def _floor_blocks(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n // block_size)
+
+
+def _new_block_when_full(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n // block_size + 1)
+
+
+def _block_per_token(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n)
+
+
+def _keeps_freed_table(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, keep_freed=True)
+
+
+def _never_reuses(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, fresh_ids=True)
+
+
+def _partial_allocation(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, partial=True)
+
+
+def _waste_per_event(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, waste="per event")
+
+
+def _waste_filled_slots(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, waste="filled")
+
+
+def _waste_whole_pool(events, n_blocks, block_size):
+    return _replay_with(events, n_blocks, block_size, waste="whole pool")
+
+
+def _case(events, n_blocks, block_size, label):
+    return Case((events, n_blocks, block_size), label=label)
+
+
+PAGED_ALLOCATOR = Exercise(
+    id="05.paged_allocator",
+    title="A paged KV allocator: block tables over a fixed pool of blocks",
+    function="paged_allocator",
+    reference=replay_block_events,
+    allowed=(),
+    points=3,
+    rtol=0.0,
+    atol=0.0,
+    time_limit_s=2.0,
+    hand_cases=(
+        _case([("allocate", 0, 4)], 4, 4, "a 4-token prompt fills one block of 4 exactly: 1 block, nothing wasted"),
+        _case([("allocate", 0, 5)], 4, 4, "one token over: 2 blocks, 3 empty slots in the second"),
+        _case([("allocate", 0, 3), ("append", 0, 1), ("append", 0, 1)], 4, 4,
+              "3 tokens, then one that fills the block (no new block), then one that needs a new block"),
+        _case([("allocate", 0, 5), ("allocate", 1, 2), ("free", 0, 0), ("allocate", 2, 6)], 4, 4,
+              "freed blocks are reused, lowest-numbered first: request 2 gets blocks 0 and 1 back"),
+        _case([("allocate", 0, 4), ("free", 0, 0), ("free", 0, 0), ("allocate", 1, 8)], 2, 4,
+              "a request freed twice: the second free does nothing"),
+        _case([("allocate", 0, 8), ("allocate", 1, 5), ("append", 0, 1), ("free", 1, 0)], 3, 4,
+              "out of blocks: request 1 needs 2 with 1 free and is refused whole; its free does nothing"),
+        _case([("allocate", 0, 2), ("allocate", 1, 2), ("append", 0, 5)], 3, 4,
+              "an append that needs 2 new blocks with 1 free is refused: request 0 keeps its 2 tokens"),
+        _case([("allocate", 0, 3), ("append", 0, 2), ("allocate", 1, 1)], 8, 1,
+              "blocks of 1 token: a block per token, nothing ever wasted"),
+        _case([("allocate", 0, 17), ("append", 0, 15), ("append", 0, 1), ("allocate", 1, 16), ("free", 0, 0),
+               ("allocate", 2, 40)], 6, 16, "blocks of 16 (vLLM's default) on a pool of 6"),
+    ),
+    random_case=_random_events_case,
+    n_random=40,
+    hints=("a request of n tokens holds ceil(n / block_size) blocks; take the lowest-numbered free blocks; refuse "
+           "an event the pool cannot serve in full; free returns every block of the request; wasted slots = "
+           "blocks x block_size - tokens over the live requests",),
+    mistakes=(
+        Mistake("a block that is exactly full needs no new block: n tokens hold ceil(n / block_size) blocks, not "
+                "n // block_size + 1", _new_block_when_full),
+        Mistake("round up: n tokens need ceil(n / block_size) blocks (-(-n // block_size)); n // block_size leaves "
+                "the last tokens without a block", _floor_blocks),
+        Mistake("a block holds block_size tokens: take a new block only when the request's last block is full, not "
+                "one per token", _block_per_token),
+        Mistake("free must also remove the request from the block table: nothing may still point at blocks that "
+                "went back to the pool (and a second free must not return them again)", _keeps_freed_table),
+        Mistake("reuse freed blocks: hand out the lowest-numbered free block, not a new number each time",
+                _never_reuses),
+        Mistake("an event the pool cannot serve in full is refused whole: hand out no block at all and record its "
+                "index in refused", _partial_allocation),
+        Mistake("wasted slots belong to each live request's last block: blocks x block_size - tokens, from the "
+                "request's total, not added up event by event", _waste_per_event),
+        Mistake("wasted slots are the empty slots of the last block (blocks x block_size - tokens), not the "
+                "filled ones (tokens % block_size)", _waste_filled_slots),
+        Mistake("free blocks are not fragmentation: count the empty slots inside the live requests' blocks only",
+                _waste_whole_pool),
+    ),
+)
+
+
+for _exercise in (PREDICT_KV, PREDICT_GQA, PREDICT_GPUS, LARGEST_BATCH, PAGED_ALLOCATOR):
+    register(_exercise)  # in the order the notebook asks them
