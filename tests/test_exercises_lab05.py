@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.core.budget import budget, kv_batch_capacity, max_batch_size
+from labkit.core.budget import budget, max_batch_size
 from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.exercises.lab05 import (
@@ -19,7 +19,7 @@ from labkit.exercises.lab05 import (
 )
 from labkit.core.memory import GIB
 from labkit.core.paging import replay_block_events
-from labkit.core.presets import gpu_preset, model_preset
+from labkit.core.presets import gpu_preset
 from zoo import assert_zoo
 
 BATCH = get("05.largest_batch")

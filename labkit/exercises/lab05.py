@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction, single_answer
+from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.exercises import register
-from labkit.core.memory import GB, GIB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
+from labkit.core.memory import GB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
 from labkit.core.paging import EVENT_KINDS, replay_block_events
 from labkit.core.presets import gpu_preset, model_preset
 from labkit.core.spec import ModelSpec
