@@ -76,7 +76,8 @@ SOFTMAX_TEMPERATURE = register(
         rtol=1e-5,
         atol=1e-7,
         hand_cases=(
-            Case((_LOG_8421, 1.0), label="the lesson's logits log 8, log 4, log 2, log 1 at T = 1: (8, 4, 2, 1) / 15"),
+            Case((_LOG_8421, 1.0),
+                 label="the worked example's logits log 8, log 4, log 2, log 1 at T = 1: (8, 4, 2, 1) / 15"),
             Case((_LOG_8421, 0.5), label="the same at T = 1/2: (64, 16, 4, 1) / 85"),
             Case((torch.tensor([0.0, math.log(4.0)], dtype=torch.float64), 2.0), label="T = 2 halves the log-odds: (1, 2) / 3"),
             Case((torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]]), 1.0), label="a batch: each row is its own distribution"),
@@ -120,7 +121,7 @@ def tokenizer_answer() -> str:
 PREDICT_TOKENIZER = register(prediction(
     "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
     tokenizer_answer, choices=tuple(TOKENIZER_CHOICES),
-    asked="the lesson's retrieve-and-predict question 1: one of "
+    asked="why a tokenizer of the same size can still break a run: one of "
           + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
     hint='return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id is all '
          "the model ever sees of the text"))
