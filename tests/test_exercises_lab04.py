@@ -29,6 +29,7 @@ def test_the_prediction_says_what_may_be_called():
 
 def test_lab04_registers_its_exercises_in_notebook_order():
     assert [ex.id for ex in exercises("04")] == ["04.predict_outlier_channels", "04.gptq_columns"]
+    assert [ex.points for ex in exercises("04")] == [1, 3]
 
 
 # --------------------------------------------------------------------------------------------------------------

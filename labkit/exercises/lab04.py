@@ -1,4 +1,5 @@
-"""Lab 04's exercises: a prediction checked on the outlier visualizer.
+"""Lab 04's exercises: a prediction checked on the outlier visualizer, and GPTQ's column loop written by the learner
+and checked against labkit's ``gptq`` (small hand and random cases, then the real layer).
 
 Each exercise's task text in ``notebooks/solutions/04_outliers_quantization.ipynb`` states the rules used here.
 """
