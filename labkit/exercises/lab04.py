@@ -129,8 +129,8 @@ _GPTQ_HAND_CASES = _HandCasesThenRealLayer((
     Case((_fixed([0.3, -1.0]), _fixed([2.0, 0.0], [0.0, 1.0]), 3, 0.01),
          label="uncorrelated inputs, so H is diagonal: no feedback at all, GPTQ gives round-to-nearest's 1/3, -1"),
     Case((torch.randn(4, 8, generator=_MIXED, dtype=torch.float64), _correlated_inputs(_MIXED, 64, 8), 3, 0.1),
-         label="a [4, 8] weight, 64 calibration rows of correlated inputs of unequal sizes, 3 bits, damp 0.1 "
-               "(every known mistake gives a different answer here)"),
+         label="a [4, 8] weight, 64 calibration rows of correlated inputs of unequal sizes, 3 bits, damp 0.1"),
+    # (every mistake of the zoo below gives a different answer on this case, so each is named by its own hint)
     Case((_fixed([0.6, 0.29, 0.29]), _fixed([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]), 3, 0.01),
          label="three copies of one input channel, scale 0.2: round-to-nearest gives 0.6, 0.2, 0.2 (sum 1.0 for "
                "1.18); the second column's error 0.09 moves to the third: 0.6, 0.2, 0.4 (sum 1.2)"),
