@@ -1,5 +1,6 @@
-"""Lab 07's exercises: expected tokens per target call, the speculative acceptance step, and a prediction of the
-best draft length. The bug zoos hold the seed course's formula and decoder and the rules learners write.
+"""Lab 07's exercises: a prediction of the best draft length, and one round of speculative sampling written
+from the rule (accept with min(1, target/draft), the residual at the first rejection, the bonus token). The round's
+bug zoo holds the rules and decoders quoted in the course's readings and the slips learners make.
 
 Each exercise's task text in ``notebooks/solutions/07_speculative_decoding.ipynb`` states the rules used here.
 """
@@ -11,195 +12,6 @@ import torch
 from labkit.core import speculative as sp
 from labkit.exercises import register
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
-
-# --------------------------------------------------------------------------------------------------------------
-# 07.expected_tokens
-
-
-def _expected_case(generator: torch.Generator) -> Case:
-    draw = float(torch.rand(1, generator=generator))
-    alpha = 1.0 if draw < 0.1 else round(float(torch.rand(1, generator=generator)), 4)
-    gamma = int(torch.randint(0, 12, (1,), generator=generator))
-    return Case((alpha, gamma), label=f"alpha = {alpha}, gamma = {gamma}")
-
-
-def _seed_formula(alpha, gamma):
-    return alpha * gamma + 1
-
-
-def _no_bonus(alpha, gamma):
-    return (1 - alpha**gamma) / (1 - alpha) if alpha < 1 else float(gamma)
-
-
-def _only_drafts(alpha, gamma):
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha) - 1 if alpha < 1 else float(gamma)
-
-
-def _boundary_forgotten(alpha, gamma):
-    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else 0.0
-
-
-def _gamma_powers(alpha, gamma):
-    return (1 - alpha**gamma) / (1 - alpha) + alpha**gamma * gamma if alpha < 1 else float(gamma + 1)
-
-
-EXPECTED_TOKENS = register(
-    Exercise(
-        id="07.expected_tokens",
-        title="Expected tokens per target call",
-        function="expected_tokens",
-        reference=sp.expected_tokens_per_call,
-        points=1,
-        rtol=1e-9,
-        atol=1e-12,
-        hand_cases=(
-            Case((0.5, 2), label="1 + 1/2 + 1/4"),
-            Case((0.7, 4), label="the optimization module's example: about 2.7731, not 3.8"),
-            Case((1.0, 4), label="alpha = 1: every draft and the bonus, gamma + 1"),
-            Case((0.0, 5), label="alpha = 0: only the target's own token"),
-            Case((0.9, 0), label="gamma = 0: plain decoding"),
-        ),
-        random_case=_expected_case,
-        hints=("sum alpha**i for i = 0..gamma; the closed form (1 - alpha**(gamma + 1)) / (1 - alpha) needs a "
-               "separate answer at alpha = 1",),
-        mistakes=(
-            Mistake("alpha * gamma + 1 (the optimization module's formula) counts drafts after a rejection, which are never "
-                    "examined: the k-th draft survives with probability alpha**k", _seed_formula),
-            Mistake("every call adds one target token, the bonus included when all gamma pass: the power is "
-                    "gamma + 1", _no_bonus),
-            Mistake("count the token the target adds (correction or bonus) too: the sum starts at 1", _only_drafts),
-            Mistake("at alpha = 1 the closed form is 0/0; the limit is gamma + 1 (every draft and the bonus)", _boundary_forgotten),
-        ),
-    )
-)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# 07.next_token_probs: the acceptance step, made deterministic by passing the uniforms
-
-
-def next_token_probs(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_ids: list,
-                     uniforms: torch.Tensor) -> torch.Tensor:
-    """labkit's answer: the distribution the target's added token is drawn from, ``[vocab]``.
-
-    Draft ``i`` is accepted when ``uniforms[i] < target_probs[i, x] / draft_probs[i, x]`` (strictly). At the first
-    rejection: ``normalize(max(0, target_probs[i] - draft_probs[i]))``; when all pass: ``target_probs[gamma]``.
-    """
-    for position, token in enumerate(draft_ids):
-        if float(uniforms[position]) * float(draft_probs[position, token]) >= float(target_probs[position, token]):
-            return sp.residual_probs(target_probs[position], draft_probs[position])
-    return target_probs[len(draft_ids)].clone()
-
-
-def _step_case(generator: torch.Generator) -> Case:
-    gamma = int(torch.randint(1, 5, (1,), generator=generator))
-    vocab = int(torch.randint(2, 7, (1,), generator=generator))
-    scale = 1.0 + 3 * float(torch.rand(1, generator=generator))
-    target = torch.softmax(torch.randn(gamma + 1, vocab, generator=generator, dtype=torch.float64) * scale, -1)
-    draft = torch.softmax(torch.randn(gamma, vocab, generator=generator, dtype=torch.float64) * scale, -1)
-    drafts = [int(torch.multinomial(draft[i], 1, generator=generator)) for i in range(gamma)]
-    uniforms = torch.rand(gamma, generator=generator, dtype=torch.float64)
-    return Case((target, draft, drafts, uniforms), label=f"gamma = {gamma}, vocab = {vocab}")
-
-
-def _greater_rule(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if target_probs[i, x] < draft_probs[i, x]:
-            return sp.residual_probs(target_probs[i], draft_probs[i])
-    return target_probs[len(draft_ids)].clone()
-
-
-def _inverted(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * target_probs[i, x] >= draft_probs[i, x]:
-            return sp.residual_probs(target_probs[i], draft_probs[i])
-    return target_probs[len(draft_ids)].clone()
-
-
-def _no_max(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * draft_probs[i, x] >= target_probs[i, x]:
-            excess = (target_probs[i] - draft_probs[i]).abs()
-            return excess / excess.sum()
-    return target_probs[len(draft_ids)].clone()
-
-
-def _from_target(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * draft_probs[i, x] >= target_probs[i, x]:
-            return target_probs[i].clone()
-    return target_probs[len(draft_ids)].clone()
-
-
-def _bonus_wrong_row(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * draft_probs[i, x] >= target_probs[i, x]:
-            return sp.residual_probs(target_probs[i], draft_probs[i])
-    return target_probs[len(draft_ids) - 1].clone()
-
-
-def _no_bonus_zeros(target_probs, draft_probs, draft_ids, uniforms):
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * draft_probs[i, x] >= target_probs[i, x]:
-            return sp.residual_probs(target_probs[i], draft_probs[i])
-    return torch.zeros_like(target_probs[0])
-
-
-def _keeps_going(target_probs, draft_probs, draft_ids, uniforms):
-    last = None
-    for i, x in enumerate(draft_ids):
-        if uniforms[i] * draft_probs[i, x] >= target_probs[i, x]:
-            last = sp.residual_probs(target_probs[i], draft_probs[i])  # keeps judging later drafts
-    return last if last is not None else target_probs[len(draft_ids)].clone()
-
-
-_T = torch.tensor([[0.25, 0.75], [0.6, 0.4]], dtype=torch.float64)
-_D = torch.tensor([[0.5, 0.5]], dtype=torch.float64)
-
-NEXT_TOKEN_PROBS = register(
-    Exercise(
-        id="07.next_token_probs",
-        title="The speculative acceptance step: where the target's token comes from",
-        function="next_token_probs",
-        reference=next_token_probs,
-        points=2,
-        rtol=1e-9,
-        atol=1e-12,
-        allowed=(),
-        hand_cases=(
-            Case((_T, _D, [0], torch.tensor([0.49], dtype=torch.float64)),
-                 label="0.49 < 0.25 / 0.5: accepted, the bonus row"),
-            Case((_T, _D, [0], torch.tensor([0.5], dtype=torch.float64)),
-                 label="u exactly equal to the ratio 0.5: rejected (accept only when strictly below)"),
-            Case((_T, _D, [1], torch.tensor([0.99], dtype=torch.float64)),
-                 label="target 0.75 >= draft 0.5: always accepted"),
-            Case((torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [1.0, 0.0, 0.0]], dtype=torch.float64),
-                  torch.tensor([[0.25, 0.25, 0.5], [0.2, 0.3, 0.5]], dtype=torch.float64), [2, 1],
-                  torch.tensor([0.0, 0.0], dtype=torch.float64)),
-                 label="a draft the target cannot produce (target 0) is rejected even at u = 0"),
-        ),
-        random_case=_step_case,
-        hints=("accept draft i when uniforms[i] < target/draft at that token; stop at the first rejection and "
-               "return normalize(max(0, target_probs[i] - draft_probs[i])); if all pass, target_probs[gamma]",),
-        mistakes=(
-            Mistake("\"accept where p_target >= p_draft\" ignores the uniform: a draft with ratio 0.5 must be "
-                    "accepted half the time", _greater_rule),
-            Mistake("the ratio is target / draft: accept with probability min(1, target_probs / draft_probs)",
-                    _inverted),
-            Mistake("keep only the excess max(0, target - draft) before normalizing, not |target - draft|",
-                    _no_max),
-            Mistake("after a rejection, draw from the residual normalize(max(0, target - draft)), not from the "
-                    "target itself (that double-counts what the draft already proposed)", _from_target),
-            Mistake("when every draft passes, the bonus token comes from the LAST row, target_probs[gamma]",
-                    _bonus_wrong_row),
-            Mistake("when every draft passes the target still adds a token: the bonus, from target_probs[gamma]",
-                    _no_bonus_zeros),
-            Mistake("stop at the FIRST rejection: later drafts were proposed after a token that is now gone",
-                    _keeps_going),
-        ),
-    )
-)
-
 
 # --------------------------------------------------------------------------------------------------------------
 # 07.predict_optimal_gamma
@@ -221,4 +33,187 @@ PREDICT_GAMMA = register(prediction(
     hint="return a number; more drafts cost gamma * c each call but the k-th draft only survives with probability "
          "alpha**k"))
 
-__all__ = ["EXPECTED_TOKENS", "NEXT_TOKEN_PROBS", "PREDICT_GAMMA", "best_gamma_here", "next_token_probs"]
+# --------------------------------------------------------------------------------------------------------------
+# 07.speculative_round: one round, its random numbers passed in so the emitted tokens are exact
+
+
+def _round_case(generator: torch.Generator) -> Case:
+    gamma = int(torch.randint(0, 5, (1,), generator=generator))
+    vocab = int(torch.randint(2, 7, (1,), generator=generator))
+    scale = 1.0 + 3 * float(torch.rand(1, generator=generator))
+    target = torch.softmax(torch.randn(gamma + 1, vocab, generator=generator, dtype=torch.float64) * scale, -1)
+    if float(torch.rand(1, generator=generator)) < 0.4:  # a draft close to the target: every draft may pass
+        noise = torch.randn(gamma, vocab, generator=generator, dtype=torch.float64) * 0.3
+        draft = torch.softmax(target[:gamma].log() + noise, -1)
+    else:
+        draft = torch.softmax(torch.randn(gamma, vocab, generator=generator, dtype=torch.float64) * scale, -1)
+    drafts = [int(torch.multinomial(draft[i], 1, generator=generator)) for i in range(gamma)]
+    uniforms = torch.rand(gamma + 1, generator=generator, dtype=torch.float64)
+    return Case((target, draft, drafts, uniforms), label=f"gamma = {gamma}, vocab = {vocab}")
+
+
+def _rejected(target_probs, draft_probs, position, token, uniform) -> bool:
+    return float(uniform) * float(draft_probs[position, token]) >= float(target_probs[position, token])
+
+
+def _residual_draw(target_probs, draft_probs, position, uniform) -> int:
+    return sp.draw_with_uniform(sp.residual_probs(target_probs[position], draft_probs[position]), uniform)
+
+
+def _no_bonus(target_probs, draft_probs, draft_ids, uniforms):
+    tokens = sp.speculative_round(target_probs, draft_probs, draft_ids, uniforms)
+    return tokens[:-1] if tokens[:-1] == list(draft_ids) else tokens
+
+
+def _resample_target(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if _rejected(target_probs, draft_probs, i, token, uniforms[i]):
+            return list(draft_ids[:i]) + [sp.draw_with_uniform(target_probs[i], uniforms[gamma])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _absolute_residual(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if _rejected(target_probs, draft_probs, i, token, uniforms[i]):
+            residual = (target_probs[i] - draft_probs[i]).abs()
+            return list(draft_ids[:i]) + [sp.draw_with_uniform(residual, uniforms[gamma])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _accept_if_greater(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if float(target_probs[i, token]) < float(draft_probs[i, token]):
+            return list(draft_ids[:i]) + [_residual_draw(target_probs, draft_probs, i, uniforms[gamma])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _inverted_ratio(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if float(uniforms[i]) * float(target_probs[i, token]) >= float(draft_probs[i, token]):
+            return list(draft_ids[:i]) + [_residual_draw(target_probs, draft_probs, i, uniforms[gamma])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _keeps_going(target_probs, draft_probs, draft_ids, uniforms):
+    gamma, tokens, rejected = len(draft_ids), [], False
+    for i, token in enumerate(draft_ids):  # no break: a rejection adds its correction and the loop goes on
+        if _rejected(target_probs, draft_probs, i, token, uniforms[i]):
+            tokens.append(_residual_draw(target_probs, draft_probs, i, uniforms[gamma]))
+            rejected = True
+        else:
+            tokens.append(int(token))
+    return tokens if rejected else tokens + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _no_correction(target_probs, draft_probs, draft_ids, uniforms):
+    tokens = sp.speculative_round(target_probs, draft_probs, draft_ids, uniforms)
+    return tokens[:-1] if len(tokens) <= len(draft_ids) else tokens
+
+
+def _draw_with_judging_uniform(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if _rejected(target_probs, draft_probs, i, token, uniforms[i]):
+            return list(draft_ids[:i]) + [_residual_draw(target_probs, draft_probs, i, uniforms[i])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _bonus_wrong_row(target_probs, draft_probs, draft_ids, uniforms):
+    tokens = sp.speculative_round(target_probs, draft_probs, draft_ids, uniforms)
+    gamma = len(draft_ids)
+    if gamma and len(tokens) == gamma + 1:
+        return tokens[:-1] + [sp.draw_with_uniform(target_probs[gamma - 1], uniforms[gamma])]
+    return tokens
+
+
+def _accepts_at_equality(target_probs, draft_probs, draft_ids, uniforms):
+    gamma = len(draft_ids)
+    for i, token in enumerate(draft_ids):
+        if float(uniforms[i]) * float(draft_probs[i, token]) > float(target_probs[i, token]):
+            return list(draft_ids[:i]) + [_residual_draw(target_probs, draft_probs, i, uniforms[gamma])]
+    return list(draft_ids) + [sp.draw_with_uniform(target_probs[gamma], uniforms[gamma])]
+
+
+def _rows(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def _uniforms(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+# Hand cases over four tokens. Row 0 of the target and the draft: residual max(0, target - draft) is
+# [0.3, 0, 0.1, 0] -> cumulative shares [0.75, 0.75, 1, 1]; |target - draft| shares [0.375, 0.625, 0.75, 1];
+# the target's own [0.4, 0.7, 0.9, 1]: the last uniform 0.65 picks 0, 2 and 1 from them.
+_TARGET_0, _DRAFT_0 = [0.4, 0.3, 0.2, 0.1], [0.1, 0.5, 0.1, 0.3]
+_FLAT = [0.25, 0.25, 0.25, 0.25]
+_BONUS = [0.1, 0.2, 0.3, 0.4]  # cumulative [0.1, 0.3, 0.6, 1]
+
+ROUND = register(
+    Exercise(
+        id="07.speculative_round",
+        title="One round of speculative sampling",
+        function="speculative_round",
+        reference=sp.speculative_round,
+        points=3,
+        rtol=0.0,
+        atol=0.0,
+        allowed=(sp.draw_with_uniform,),
+        hand_cases=(
+            Case((_rows(_TARGET_0, _BONUS), _rows([0.4, 0.3, 0.2, 0.1]), [1], _uniforms(0.99, 0.5)),
+                 label="target = draft at the draft: accepted even at u = 0.99; the bonus token from row 1"),
+            Case((_rows(_TARGET_0, _FLAT), _rows(_DRAFT_0), [1], _uniforms(0.7, 0.65)),
+                 label="0.7 >= 0.3 / 0.5: rejected; the target's token from the residual max(0, target - draft)"),
+            Case((_rows(_TARGET_0, _FLAT), _rows(_DRAFT_0), [1], _uniforms(0.6, 0.65)),
+                 label="u exactly equal to the ratio 0.3 / 0.5: rejected (accept only when strictly below)"),
+            Case((_rows(_FLAT, _TARGET_0, _BONUS), _rows(_FLAT, _DRAFT_0), [2, 1], _uniforms(0.5, 0.7, 0.65)),
+                 label="draft 1 accepted, draft 2 rejected: stop there, one draft and the correction"),
+            Case((_rows(_FLAT, _TARGET_0, _FLAT, _BONUS), _rows(_FLAT, _DRAFT_0, _FLAT), [0, 1, 3],
+                  _uniforms(0.2, 0.9, 0.1, 0.05)),
+                 label="a rejection in the middle: the draft after it is never judged"),
+            Case((_rows([0.0, 0.5, 0.5, 0.0], _BONUS), _rows(_FLAT), [0], _uniforms(0.0, 0.3)),
+                 label="a draft the target gives probability 0 is rejected even at u = 0"),
+            Case((_rows(_BONUS), torch.empty(0, 4, dtype=torch.float64), [], _uniforms(0.35)),
+                 label="gamma = 0: no drafts, one token from target_probs[0] (plain sampling)"),
+            Case((_rows([0, 0, 1, 0], [1, 0, 0, 0], [0, 1, 0, 0]), _rows([0, 0, 1, 0], [0, 1, 0, 0]), [2, 1],
+                  _uniforms(0.9, 0.0, 0.5)),
+                 label="greedy (one-hot rows): the target's argmax chain, [2, 0]"),
+        ),
+        random_case=_round_case,
+        hints=("walk the drafts: accept draft i when uniforms[i] < target/draft at its token; at the first "
+               "rejection emit the accepted drafts and a token drawn with uniforms[gamma] from "
+               "max(0, target_probs[i] - draft_probs[i]); if all pass, the drafts and a token from "
+               "target_probs[gamma]",),
+        mistakes=(
+            Mistake("when every draft passes the target still adds a token: the bonus, drawn from its last row "
+                    "target_probs[gamma]. Without it the output keeps the target's distribution but each round "
+                    "yields one token fewer (slower, not wrong in distribution)", _no_bonus),
+            Mistake("a rejection ends the round with one token of the target's own: the accepted drafts, then "
+                    "the correction drawn from the residual", _no_correction),
+            Mistake("after a rejection, draw from the residual normalize(max(0, target - draft)), not from the "
+                    "target itself: accepted drafts already gave each token min(target, draft), so the target "
+                    "counted twice over-produces tokens both models like", _resample_target),
+            Mistake("keep only the excess max(0, target - draft) before normalizing, not |target - draft|: "
+                    "tokens the draft overrates have no mass left to give back", _absolute_residual),
+            Mistake("\"accept where p_target >= p_draft\" ignores the uniform: a draft with ratio 0.5 must be "
+                    "accepted half the time", _accept_if_greater),
+            Mistake("the ratio is target / draft: accept with probability min(1, target_probs / draft_probs)",
+                    _inverted_ratio),
+            Mistake("stop at the FIRST rejection: the drafts after it were proposed after a token that is now "
+                    "gone, so they are never judged", _keeps_going),
+            Mistake("draw the target's token with the last uniform, uniforms[gamma]; uniforms[i] was spent on "
+                    "judging draft i (reusing it ties the draw to the rejection)", _draw_with_judging_uniform),
+            Mistake("when every draft passes, the bonus token comes from the LAST row, target_probs[gamma]",
+                    _bonus_wrong_row),
+            Mistake("accept only when uniforms[i] is strictly below the ratio: equal means rejected",
+                    _accepts_at_equality),
+        ),
+    )
+)
+
+
+__all__ = ["PREDICT_GAMMA", "ROUND", "best_gamma_here"]

@@ -234,3 +234,52 @@ def speculative_explorer(alpha: float = 0.7, gamma: int = 4, cost_ratio: float =
                          measured: Sequence[tuple[int, float]] = ()) -> SpeculativeExplorer:
     """The lab 07 simulator."""
     return SpeculativeExplorer(alpha, gamma, cost_ratio, measured)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A still picture (no widget): the counting test's verdict on each acceptance rule
+
+CRITICAL_P, CRITICAL_Z = 1e-4, 4.0  # a rule fails when p < 1e-4 (chi-square) or |z| > 4 (tokens per call)
+
+
+def lossless_figure(results: dict) -> object:
+    """Each rule's chi-square (log scale, the critical value at p = 1e-4 dashed) and its tokens-per-call z-score
+    (the band |z| <= 4 shaded), from ``{name: sp.LosslessTest}``; a bar is green where it passes that test.
+
+    >>> tables = sp.random_markov_pair(3, torch.Generator().manual_seed(0))
+    >>> result = sp.lossless_test(*tables, 2, 50, torch.Generator().manual_seed(1), n_tokens=1)
+    >>> len(lossless_figure({"exact": result}).axes)
+    2
+    """
+    from matplotlib.figure import Figure
+
+    names = list(results)
+
+    def colours(passed: list[bool]) -> list[str]:
+        return [COLOURS["accepted"] if ok else COLOURS["rejected"] for ok in passed]
+
+    rows = list(range(len(names)))[::-1]  # the first rule on top
+    figure = Figure(figsize=(9.0, 0.45 * len(names) + 1.2), dpi=80, layout="constrained")
+    chi_axes, z_axes = figure.subplots(1, 2, sharey=True)
+    chi_axes.barh(rows, [max(results[name].chi_square, 0.1) for name in names],
+                  color=colours([results[name].p_value > CRITICAL_P for name in names]))
+    dof = results[names[0]].degrees_of_freedom
+    critical = _critical_chi_square(dof)
+    chi_axes.axvline(critical, color="black", linestyle="--", linewidth=1)
+    chi_axes.set(xscale="log", yticks=rows, yticklabels=names, xlabel=f"chi-square, {dof} degrees of freedom (log)",
+                 title=f"distribution: fails right of {critical:.1f}")
+    z_axes.barh(rows, [results[name].tokens_per_call_z for name in names],
+                color=colours([abs(results[name].tokens_per_call_z) < CRITICAL_Z for name in names]))
+    z_axes.axvspan(-CRITICAL_Z, CRITICAL_Z, color="#d0d7de", alpha=0.6, linewidth=0, zorder=0)
+    z_axes.axvline(0, color="black", linewidth=0.8)
+    z_axes.set(xlabel="tokens per call: z-score against exact", title="speed: fails outside |z| <= 4")
+    return figure
+
+
+def _critical_chi_square(dof: int) -> float:
+    """The chi-square whose upper-tail p value is :data:`CRITICAL_P` (bisection on the core's p value)."""
+    low, high = 0.0, 10.0 * dof + 100.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if sp.chi_square_p_value(middle, dof) > CRITICAL_P else (low, middle)
+    return high
