@@ -145,7 +145,7 @@ GREEDY_LOOP = register(Exercise(
     allowed=(StepCounter,),
     points=3,
     n_random=2,
-    time_limit_s=10.0,
+    time_limit_s=30.0,  # a few forward passes: generous, for a busy machine (about 1 s on a quiet one)
     hand_cases=(
         _loop_case(THE_TIDE, 1, None, 0, "one new token: the prefill's logits choose it, no decode call"),
         _loop_case(THE, 3, None, 2, "a one-token prompt, three new tokens: one prefill, two decode calls"),
