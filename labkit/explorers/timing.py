@@ -343,7 +343,7 @@ def emissions_figure(requests: Sequence[Any], title: str = "when each token came
     axes.set(yticks=range(len(requests)), yticklabels=[f"repeat {row + 1}" for row in range(len(requests))],
              xlabel="ms from the request's start", xlim=(0, None), title=title)
     axes.invert_yaxis()
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the bars
     return figure
 
 
@@ -377,5 +377,5 @@ def requests_timeline_figure(one_after_another: Any, one_batch: Any,
     axes.set(yticks=sorted(r.request for r in one_batch.results), xlabel="ms from the start of the run",
              ylabel="request", title=title)
     axes.invert_yaxis()
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the bars
     return figure
