@@ -78,7 +78,7 @@ class MemoryBudget:
     """One GPU's memory, part by part, in bytes; *_gib properties for display.
 
     >>> b = MemoryBudget(4 * GIB, 3 * GIB // 2, 3 * GIB // 4, GIB // 2, 8 * GIB, other_bytes=GIB // 2)
-    >>> b.total_gib, b.headroom_gib, b.fits  # the seed's invented 8-GiB device
+    >>> b.total_gib, b.headroom_gib, b.fits  # the course reading's invented 8-GiB device
     (7.25, 0.75, True)
     """
 

@@ -2,8 +2,8 @@
 
 Used by the memory lab. Every size is an int number of bytes unless the name says otherwise (``*_gb``,
 ``*_gib``). GB (10**9: vendors' memory sizes and GB/s) and GiB (2**30: what nvidia-smi and torch.cuda
-report) are defined once, in ``labkit.core.resources``, and re-exported here. Equation numbers are the seed
-course's chapter 8: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
+report) are defined once, in ``labkit.core.resources``, and re-exported here. Equation numbers are those of the
+course's chapter on inference: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
 
 Weights and KV cache are exact counts of the stored payload (the tests check them against transformers'
 real tensors). Left out: sliding-window or cross-layer KV sharing, vocabulary padding and the scales of a

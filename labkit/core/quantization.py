@@ -1,6 +1,7 @@
 """Integer quantization: codes, scales and zero points, and the schemes that cope with outliers.
 
-The two mappings are the seed chapter's eq. 8.4 and 8.5: ``q = clip(round(x / s) + z, q_min, q_max)`` and
+The two mappings (eq. 8.4 and 8.5 of the course's chapter on inference):
+``q = clip(round(x / s) + z, q_min, q_max)`` and
 ``x_hat = s (q - z)``. Rounding is half to even (``torch.round``), and ``x / s`` is computed as
 ``x * (1 / s)``, as torch's quantize kernels do, so codes agree with ``torch.fake_quantize_per_*_affine`` bit for bit.
 
@@ -53,7 +54,8 @@ def code_range(bits: int, scheme: str) -> tuple[int, int]:
 def minmax_qparams(x_min: torch.Tensor, x_max: torch.Tensor, q_min: int, q_max: int) -> tuple[torch.Tensor, torch.Tensor]:
     """MinMaxObserver's affine rule: (scale, zero_point) from observed minima and maxima (any matching shapes).
 
-    The table 8.7 example of the seed chapter: values in [-2, 5] on codes 0..7 give s = 1, z = 2.
+    The calibration example of the course's chapter on inference (its Table 8.7): values in [-2, 5] on codes
+    0..7 give s = 1, z = 2.
 
     >>> minmax_qparams(torch.tensor(-2.0), torch.tensor(5.0), 0, 7)
     (tensor(1.), tensor(2))
@@ -221,7 +223,7 @@ def fake_quantize(x: torch.Tensor, bits: int = 8, scheme: str = "symmetric", gra
 def quantize_with(x: torch.Tensor, scale: Any, zero_point: Any, q_min: int, q_max: int) -> torch.Tensor:
     """Codes of x with a scale and zero point held fixed (calibrated earlier): values outside the range clip.
 
-    The seed chapter's Table 8.7 last row: 12 with s = 1, z = 2 on codes 0..7 rounds to 14 and clips to 7.
+    That example's last row (the chapter's Table 8.7): 12 with s = 1, z = 2 on codes 0..7 rounds to 14 and clips to 7.
 
     >>> quantize_with(torch.tensor([-0.6, 1.4, 12.0]), 1.0, 2, 0, 7).tolist()
     [1, 3, 7]
@@ -232,7 +234,7 @@ def quantize_with(x: torch.Tensor, scale: Any, zero_point: Any, q_min: int, q_ma
 
 
 def ste_fake_quantize(x: torch.Tensor, scale: float, zero_point: int, q_min: int, q_max: int) -> torch.Tensor:
-    """Fake quantization whose gradient is the clipped straight-through estimator (the seed's eq. 8.6).
+    """Fake quantization whose gradient is the clipped straight-through estimator (the chapter's eq. 8.6).
 
     Forward: s (clip(round(x/s) + z) - z). Backward: 1 where x lies in [s (q_min - z), s (q_max - z)], else 0
     (the clamp's own derivative; rounding is skipped by ``detach``).

@@ -5,7 +5,7 @@ Used by lab 06 (prefill, decode, TTFT and TPOT). Three parts, in reading order:
 1. **Request metrics** from one generation's token emission times (seconds, or any one unit throughout):
    TTFT is the first emission minus the request start; the inter-token latencies (ITL) are the gaps between
    consecutive emissions; TPOT is their mean, ``(t_n - t_1) / (n - 1)``, over the ``n - 1`` intervals after the
-   first token (the seed chapter's definition and vLLM's ``(latency - ttft) / (output_len - 1)`` in
+   first token (the course chapter's definition and vLLM's ``(latency - ttft) / (output_len - 1)`` in
    ``benchmarks/serve.py``), and is *unavailable* (None) for a one-token answer — vLLM stores 0 there for its
    goodput count; we do not, because 0 would read as "infinitely fast". ITL p50/p99 pool every request's gaps
    and take numpy's linear-interpolation percentile, as vLLM does. E2E ~ TTFT + (n - 1) x TPOT (eq. 8.1).
@@ -277,9 +277,9 @@ class StepCost:
 
     @classmethod
     def params_only(cls, n_params: float, bytes_per_param: float, tokens: int = 1) -> "StepCost":
-        """The seed's shortcut: 2 FLOPs per parameter per token, every parameter read once, no KV cache.
+        """A popular shortcut: 2 FLOPs per parameter per token, every parameter read once, no KV cache.
 
-        >>> StepCost.params_only(70e9, 2).arithmetic_intensity  # one token: 1 FLOP/byte, not the seed's ~2
+        >>> StepCost.params_only(70e9, 2).arithmetic_intensity  # one token: 1 FLOP/byte, not a reading's ~2
         1.0
         """
         return cls(round(2 * n_params * tokens), round(n_params * bytes_per_param), 0, 0, tokens)
@@ -337,7 +337,7 @@ def step_cost(spec: ModelSpec, new_tokens: int, context_len: int = 0, batch_size
 def ridge_point(peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> float:
     """FLOPs per byte where a kernel stops being memory-bound: peak FLOP/s / bandwidth.
 
-    >>> ridge_point(312e12, 2e12)  # the seed's A100 figures
+    >>> ridge_point(312e12, 2e12)  # a course reading's A100 figures
     156.0
     """
     peak = real("peak_flops_per_s", peak_flops_per_s, min=0, min_open=True)
@@ -379,7 +379,7 @@ class RooflineTime:
 def roofline_time(cost: StepCost, peak_flops_per_s: float, bandwidth_bytes_per_s: float) -> RooflineTime:
     """The compute and memory floors of a step.
 
-    >>> t = roofline_time(StepCost.params_only(70e9, 2), 312e12, 2e12)  # the seed's 70B on an A100
+    >>> t = roofline_time(StepCost.params_only(70e9, 2), 312e12, 2e12)  # a course reading's 70B on an A100
     >>> round(t.memory_s * 1e3, 1), round(t.compute_s * 1e3, 4), round(t.memory_bound_ratio)
     (70.0, 0.4487, 156)
     """

@@ -488,8 +488,8 @@ def _judge(exercise: Exercise, case: Case, outcome: _Outcome,
         return (f"your function printed {len(outcome.printed):,} characters",
                 "remove the print statements inside the function before checking", None)
     if outcome.mutated:
-        return (outcome.mutated, "e.g. `logits = logits / t` makes a new tensor; `logits /= t` overwrites the caller's",
-                None)
+        return (outcome.mutated,
+                "e.g. `x = x / 2` makes a new tensor; `x /= 2` (or `x[0] = ...`) overwrites the caller's", None)
     problem = compare(expected, outcome.value, exercise.rtol, exercise.atol)
     if problem is None:
         return None, None, None

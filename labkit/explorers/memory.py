@@ -95,7 +95,7 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     datasheet = ""  # a preset's capacity is nvidia-smi's reading; the datasheet prints a rounder figure
     if gpu is not None and gpu.vendor_memory:
         datasheet = f" (nvidia-smi: {b.capacity_bytes / MIB:,.0f} MiB; datasheet: {gpu.vendor_memory})"
-    kv = (f"KV cache (eq. 8.3): 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
+    kv = (f"KV cache: 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
           f"{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x d_h {spec.head_dim} x "
           f"{bytes_per_value(kv_dtype):g} B")
     return (
