@@ -144,13 +144,9 @@ def test_an_all_zero_row_or_tensor_comes_back_as_zeros():
 
 
 @pytest.mark.parametrize("exercise, solution", [(PER_CHANNEL, per_channel_solution), (AFFINE, affine_solution)])
-def test_a_verdict_takes_about_a_second_at_most(exercise, solution):
-    import time
-
-    start = time.perf_counter()
+def test_the_solution_passes_on_fresh_random_cases(exercise, solution):
+    # (how long a verdict takes is measured by `make bench`, not asserted here)
     assert check_function(exercise, solution).status == "passed"
-    elapsed = time.perf_counter() - start
-    assert elapsed < 10, elapsed  # about 0.03 s on a quiet 2-core machine; generous for a loaded test machine
 
 
 @pytest.mark.parametrize("exercise", [PER_CHANNEL, AFFINE])

@@ -1,6 +1,5 @@
 """Lab 04's exercises: the prediction on the outlier visualizer, and GPTQ's column loop with its bug zoo."""
 
-import time
 
 import pytest
 import torch
@@ -143,11 +142,9 @@ def test_gptq_columns_zoo(embedded):
     assert check_function(GPTQ_COLUMNS, stub).status == "not attempted"
 
 
-def test_gptq_columns_answers_within_two_seconds(embedded):
-    list(GPTQ_COLUMNS.hand_cases)  # the real layer's inputs, captured once (the notebook has the model loaded)
-    started = time.perf_counter()
+def test_gptq_columns_passes_on_the_real_layer_and_fresh_random_cases(embedded):
+    # (how long a verdict takes is measured by `make bench`, not asserted here)
     assert check_function(GPTQ_COLUMNS, gptq_solution).status == "passed"
-    assert time.perf_counter() - started < 2.0
 
 
 def test_gptq_columns_hand_cases_are_what_their_labels_say(embedded):

@@ -2,7 +2,6 @@
 each caught with a hint."""
 
 import dataclasses
-import time
 
 import pytest
 
@@ -378,14 +377,12 @@ def test_every_paged_allocator_bug_fails_with_a_pointed_hint(wrong, pointer):
     assert_zoo(PAGED, paged_solution, {wrong: pointer})
 
 
-def test_the_paged_allocator_stub_is_not_attempted_and_the_check_is_fast():
+def test_the_paged_allocator_stub_is_not_attempted():
     def stub(events, n_blocks, block_size):
         raise NotImplementedError
 
     assert check_function(PAGED, stub).status == "not attempted"
-    started = time.perf_counter()
-    assert check_function(PAGED, paged_solution).status == "passed"
-    assert time.perf_counter() - started < 2.0
+    assert check_function(PAGED, paged_solution).status == "passed"  # its speed: `make bench`
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,7 +1,6 @@
 """The bug zoo of lab 07's speculative round: the rules and decoders quoted from the course's readings and the
 slips learners make, each failing with its own hint; the reference through the chi-square harness; the prediction."""
 
-import time
 
 import pytest
 import torch
@@ -170,10 +169,9 @@ def test_the_stub_is_not_attempted():
     assert check_function(ROUND, speculative_round).status == "not attempted"
 
 
-def test_the_verdict_comes_within_two_seconds():
-    start = time.perf_counter()
+def test_the_solution_passes_with_a_fixed_seed():
+    # (how long a verdict takes is measured by `make bench`, not asserted here)
     assert check_function(ROUND, round_solution, seed=0).status == "passed"
-    assert time.perf_counter() - start < 2.0
 
 
 # ----- the same round, run many times: the chi-square harness tells the bugs apart by counting -----
