@@ -434,15 +434,14 @@ def test_the_strided_text_is_the_start_of_the_evaluation_text():
     assert torch.equal(STRIDED_TEXT_IDS, corpus.token_ids[:32])
 
 
-def test_a_strided_verdict_takes_about_a_second_or_two():
-    import time
+def test_a_second_strided_check_reads_the_kept_passes():
+    from labkit.exercises.lab02 import EMBEDDED
 
     check_function(STRIDED, strided_solution, seed=0)  # the embedded model loaded, the hand cases' passes kept
-    started = time.perf_counter()
-    verdict = check_function(STRIDED, strided_solution)
-    elapsed = time.perf_counter() - started
+    kept = len(EMBEDDED._kept)
+    verdict = check_function(STRIDED, strided_solution, seed=0)  # the same cases: no new pass
     assert verdict.status == "passed", str(verdict)
-    assert elapsed < 10, elapsed  # about 1-2 s on a quiet laptop; generous for a loaded test machine
+    assert len(EMBEDDED._kept) == kept > 0  # speed itself is make bench's to measure
 
 
 def test_every_strided_bug_fails_with_a_message_that_points_at_it():
