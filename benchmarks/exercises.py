@@ -2,9 +2,9 @@
 notebooks' own answers (the target of issue #23: at most 2 s each on the course's 2-core machine).
 
 Each lab's solution notebook gives its set-up cell (the first code cell after Colab's install cell: imports, the
-model, the lab's small helpers) and the cells that hold a solution (``### BEGIN SOLUTION``); they run in a fresh namespace, then every registered exercise of the lab is
-checked ``runs`` times with a fixed random seed after a first check, shown apart: it pays the model's load and the
-answers computed once per process.
+model, the lab's small helpers) and the cells that hold a solution (``### BEGIN SOLUTION``); they run in a fresh
+namespace, then every registered exercise of the lab is checked ``runs`` times with a fixed random seed after a
+first check, shown apart: it pays the model's load and the answers computed once per process.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ def main(runs: int = 3) -> None:
             median = statistics.median(seconds)
             if median > TARGET_S:
                 slow.append(exercise.id)
-            print(f"{exercise.id:40} {exercise.kind:10} {exercise.points:6} {verdict.status:>14} {first:8.3f} {median:9.3f} "
-                  f"{max(seconds):7.3f}")
+            print(f"{exercise.id:40} {exercise.kind:10} {exercise.points:6} {verdict.status:>14} {first:8.3f} "
+                  f"{median:9.3f} {max(seconds):7.3f}")
     print(f"total points: {total_points}; over {TARGET_S:.0f} s: {', '.join(slow) if slow else 'none'}")
 
 
