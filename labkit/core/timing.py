@@ -8,7 +8,7 @@ Used by lab 06 (prefill, decode, TTFT and TPOT). Three parts, in reading order:
    first token (the course chapter's definition and vLLM's ``(latency - ttft) / (output_len - 1)`` in
    ``benchmarks/serve.py``), and is *unavailable* (None) for a one-token answer — vLLM stores 0 there for its
    goodput count; we do not, because 0 would read as "infinitely fast". ITL p50/p99 pool every request's gaps
-   and take numpy's linear-interpolation percentile, as vLLM does. E2E ~ TTFT + (n - 1) x TPOT (eq. 8.1).
+   and take numpy's linear-interpolation percentile, as vLLM does. E2E ~ TTFT + (n - 1) x TPOT.
 2. **The cost of one forward step** from a ModelSpec: FLOPs (2 per weight per token for every matrix, the
    vocabulary projection only where logits are asked for, 4 x n_heads x head_dim per attended key for QK^T and
    AV) and bytes moved (every weight once per step, the KV cache read and the new K/V written).
@@ -74,9 +74,9 @@ def tpot(token_times: Sequence[float]) -> float | None:
 
 
 def e2e_estimate(ttft: float, tpot: float | None, n_tokens: int) -> float:
-    """Eq. 8.1: E2E ~ TTFT + (n - 1) x TPOT, in the unit of its inputs (TPOT may be None only when n = 1).
+    """E2E ~ TTFT + (n - 1) x TPOT, in the unit of its inputs (TPOT may be None only when n = 1).
 
-    >>> e2e_estimate(700, 35, 20)  # Chapter 8's example, in ms
+    >>> e2e_estimate(700, 35, 20)  # 700 ms to the first token, then 35 ms a token
     1365
     """
     n_tokens = integer("n_tokens", n_tokens, min=1)
