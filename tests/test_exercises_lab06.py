@@ -2,7 +2,6 @@
 floor's, each caught with a hint; the predictions against the model and labkit's arithmetic."""
 
 import statistics
-import time
 
 import pytest
 import torch
@@ -140,12 +139,10 @@ def test_every_loop_bug_fails_with_a_pointed_hint(embedded, wrong, pointer):
     assert_zoo(LOOP, loop_solution, {wrong: pointer})
 
 
-def test_the_loop_stub_is_not_attempted_and_the_check_is_quick(embedded):
+def test_the_loop_stub_is_not_attempted_and_the_solution_passes(embedded):
+    # (how long a verdict takes is measured by `make bench`, not asserted here)
     assert check_function(LOOP, loop_stub).status == "not attempted"
-    check_function(LOOP, loop_solution)  # the hand cases' answers are computed once per process
-    started = time.perf_counter()
     assert check_function(LOOP, loop_solution).status == "passed"
-    assert time.perf_counter() - started < 10  # about 1-2 s on the course machine; generous under load
 
 
 def test_the_loop_cases_match_generate_and_their_end_token(embedded):
