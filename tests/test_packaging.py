@@ -156,6 +156,15 @@ def test_readme_names_the_two_commands_and_lists_the_labs():
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
 
 
+def test_readme_lists_every_graded_exercise_and_the_total_points():
+    from labkit.instructor.authoring import exercise_table_markdown
+
+    table = exercise_table_markdown()
+    assert table in (ROOT / "README.md").read_text(), (
+        "README's exercise table is stale: paste labkit.instructor.authoring.exercise_table_markdown()")
+    assert "`06.greedy_loop` (3)" in table and table.splitlines()[-1].startswith("| all |")
+
+
 def test_every_written_lab_has_a_learner_and_a_solution_notebook():
     for lab in labs():
         written = (ROOT / "notebooks" / lab.notebook).exists()

@@ -169,3 +169,23 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
         nbformat.write(learner, learner_path)
         written.append(learner_path)
     return written
+
+
+def exercise_table_markdown() -> str:
+    """README's table of graded exercises: per lab, its code exercises and predictions with their points, and the
+    course's total (a test keeps README in step with the registered exercises)."""
+    from labkit.core.course import labs
+    from labkit.exercises import exercises
+
+    rows = ["| lab | code exercises (points) | predictions (1 point each) | points |", "| --- | --- | --- | --- |"]
+    total = 0
+    for lab in labs():
+        number = lab.notebook.split("_", 1)[0]
+        registered = exercises(number)
+        code = ", ".join(f"`{ex.id}` ({ex.points})" for ex in registered if ex.kind == "code") or "none"
+        predictions = sum(ex.kind == "prediction" for ex in registered)
+        points = sum(ex.points for ex in registered)
+        total += points
+        rows.append(f"| {number} | {code} | {predictions} | {points} |")
+    rows.append(f"| all | | | {total} |")
+    return "\n".join(rows)
