@@ -8,11 +8,13 @@ import torch
 from labkit.core import speculative as sp
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
-from labkit.exercises.lab07 import best_gamma_here
+from labkit.exercises.lab07 import best_gamma_here, prompt_lookup_propose
+from labkit.runtime import speculative as rs
 from zoo import assert_zoo
 
 ROUND = get("07.speculative_round")
 PREDICT = get("07.predict_optimal_gamma")
+LOOKUP = get("07.prompt_lookup")
 draw = sp.draw_with_uniform  # the one helper the task allows
 
 
@@ -241,8 +243,9 @@ def test_predict_optimal_gamma():
     assert check_function(PREDICT, lambda: 4).close is False
 
 
-def test_lab07_registers_two_exercises():
-    assert [ex.id for ex in exercises("07")] == ["07.predict_optimal_gamma", "07.speculative_round"]
+def test_lab07_registers_three_exercises():
+    assert [ex.id for ex in exercises("07")] == ["07.predict_optimal_gamma", "07.speculative_round",
+                                                 "07.prompt_lookup"]
 
 
 def test_the_round_on_the_real_models_one_hot_rows_is_greedy_decoding(embedded):
@@ -272,3 +275,133 @@ def test_the_round_on_the_real_models_one_hot_rows_is_greedy_decoding(embedded):
         context, new, calls = context + tokens, new + tokens, calls + 1
     assert new[:8] == plain
     assert calls < 8  # prompt lookup's drafts were accepted: fewer target passes than tokens
+
+
+# ----- the prompt-lookup drafter: plain lists of ints, no model -----
+
+
+def propose(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == tail:
+                return context[start + n:start + n + gamma]
+    return []
+
+
+def propose_with_a_dict(context, gamma, max_ngram):
+    """Another correct way: index every n-gram's latest start before the tail, then look the tail up."""
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        latest = {tuple(context[start:start + n]): start for start in range(len(context) - n)}
+        start = latest.get(tuple(context[-n:]))
+        if start is not None:
+            return list(context[start + n:start + n + gamma])
+    return []
+
+
+def lookup_first_occurrence(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + gamma]
+    return []
+
+
+def lookup_tail_matches_itself(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + gamma]
+    return []
+
+
+def lookup_returns_the_match(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start:start + gamma]
+    return []
+
+
+def lookup_shortest_first(context, gamma, max_ngram):
+    for n in range(1, min(max_ngram, len(context) - 1) + 1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + gamma]
+    return []
+
+
+def lookup_off_by_one(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n + 1:start + n + 1 + gamma]
+    return []
+
+
+def lookup_ignores_gamma(context, gamma, max_ngram):
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:]
+    return []
+
+
+def lookup_longest_only(context, gamma, max_ngram):
+    n = min(max_ngram, len(context) - 1)
+    if n < 1:
+        return []
+    for start in range(len(context) - n - 1, -1, -1):
+        if context[start:start + n] == context[-n:]:
+            return context[start + n:start + n + gamma]
+    return []
+
+
+def lookup_calls_labkit(context, gamma, max_ngram):
+    return rs.PromptLookup(max_ngram).propose(context, gamma)
+
+
+LOOKUP_ZOO = {
+    lookup_first_occurrence: "the LATEST earlier occurrence",
+    lookup_tail_matches_itself: "the tail itself",
+    lookup_returns_the_match: "what FOLLOWS the match",
+    lookup_shortest_first: "the LONGEST n-gram first",
+    lookup_off_by_one: "at start + n (not start + n + 1)",
+    lookup_ignores_gamma: "at most gamma tokens",
+    lookup_longest_only: "back off to shorter ones",
+    lookup_calls_labkit: "calls labkit's own",
+}
+
+
+@pytest.mark.parametrize("wrong,pointer", LOOKUP_ZOO.items(), ids=[f.__name__ for f in LOOKUP_ZOO])
+def test_every_lookup_bug_fails_with_a_pointed_hint(wrong, pointer):
+    assert_zoo(LOOKUP, propose, {wrong: pointer})
+
+
+def test_a_drafter_indexing_ngrams_in_a_dict_passes_too():
+    assert check_function(LOOKUP, propose_with_a_dict).status == "passed"
+
+
+def test_the_lookup_stub_is_not_attempted():
+    def propose(context, gamma, max_ngram):
+        raise NotImplementedError
+
+    assert check_function(LOOKUP, propose).status == "not attempted"
+
+
+def test_the_lookup_solution_passes_with_a_fixed_seed():
+    assert check_function(LOOKUP, propose, seed=0).status == "passed"
+
+
+def test_every_lookup_hand_case_tells_the_zoo_apart():
+    # each mistake first fails on a hand case (the random cases are not needed to catch it)
+    for wrong in LOOKUP_ZOO:
+        if wrong is lookup_calls_labkit:
+            continue
+        assert any(wrong(*case.args) != prompt_lookup_propose(*case.args) for case in LOOKUP.hand_cases), wrong
+
+
+def test_the_reference_is_labkits_drafter():
+    assert prompt_lookup_propose([5, 6, 7, 8, 5, 6], 3, 2) == rs.PromptLookup(2).propose([5, 6, 7, 8, 5, 6], 3)
+    assert [case.args for case in LOOKUP.hand_cases if prompt_lookup_propose(*case.args) == []] == [
+        ([1, 2, 3, 4], 3, 3), ([1, 2, 1], 0, 2), ([], 3, 2)]

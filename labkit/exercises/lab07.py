@@ -1,5 +1,6 @@
-"""Lab 07's exercises: a prediction of the best draft length, and one round of speculative sampling written
-from the rule (accept with min(1, target/draft), the residual at the first rejection, the bonus token). The round's
+"""Lab 07's exercises: a prediction of the best draft length, one round of speculative sampling written
+from the rule (accept with min(1, target/draft), the residual at the first rejection, the bonus token), and the
+prompt-lookup drafter (the latest earlier match of the context's last n-gram, longest n first). The round's
 bug zoo holds the rules and decoders quoted in the course's readings and the slips learners make.
 
 Each exercise's task text in ``notebooks/solutions/07_speculative_decoding.ipynb`` states the rules used here.
@@ -12,6 +13,7 @@ import torch
 from labkit.core import speculative as sp
 from labkit.exercises import register
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.runtime.speculative import PromptLookup
 
 # --------------------------------------------------------------------------------------------------------------
 # 07.predict_optimal_gamma
@@ -216,4 +218,133 @@ ROUND = register(
 )
 
 
-__all__ = ["PREDICT_GAMMA", "ROUND", "best_gamma_here"]
+# --------------------------------------------------------------------------------------------------------------
+# 07.prompt_lookup: the drafter that needs no model, on plain lists of token ids
+
+
+def prompt_lookup_propose(context: list[int], gamma: int, max_ngram: int) -> list[int]:
+    """labkit's prompt-lookup drafter with the exercise's signature: ``PromptLookup(max_ngram).propose``.
+
+    >>> prompt_lookup_propose([5, 6, 7, 8, 5, 6], 3, 2)
+    [7, 8, 5]
+    """
+    return PromptLookup(max_ngram).propose(context, gamma)
+
+
+def _lookup_case(generator: torch.Generator) -> Case:
+    vocab = int(torch.randint(2, 5, (1,), generator=generator))  # a small vocabulary: many repeats
+    length = int(torch.randint(0, 17, (1,), generator=generator))
+    context = torch.randint(0, vocab, (length,), generator=generator).tolist()
+    gamma = int(torch.randint(0, 6, (1,), generator=generator))
+    max_ngram = int(torch.randint(1, 5, (1,), generator=generator))
+    return Case((context, gamma, max_ngram), label=f"{length} tokens over {vocab}, gamma = {gamma}, "
+                                                   f"max_ngram = {max_ngram}")
+
+
+def _lookup_with(context, gamma, max_ngram, *, sizes, starts, follow):
+    """A drafter built from parts: which n-gram sizes to try in what order, which starts to scan for each n
+    (given len(context) and n), and what to return from a match (given start and n)."""
+    for n in sizes(min(max_ngram, len(context) - 1)):
+        tail = list(context[-n:])
+        for start in starts(len(context), n):
+            if list(context[start:start + n]) == tail:
+                return list(follow(context, start, n, gamma))
+    return []
+
+
+def _longest_first(top):
+    return range(top, 0, -1)
+
+
+def _latest_first(length, n):
+    return range(length - n - 1, -1, -1)
+
+
+def _continuation(context, start, n, gamma):
+    return context[start + n:start + n + gamma]
+
+
+def _first_occurrence(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=_longest_first,
+                        starts=lambda length, n: range(0, length - n), follow=_continuation)
+
+
+def _tail_matches_itself(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=_longest_first,
+                        starts=lambda length, n: range(length - n, -1, -1), follow=_continuation)
+
+
+def _returns_the_match(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=_longest_first, starts=_latest_first,
+                        follow=lambda context, start, n, gamma: context[start:start + gamma])
+
+
+def _shortest_first(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=lambda top: range(1, top + 1), starts=_latest_first,
+                        follow=_continuation)
+
+
+def _skips_one(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=_longest_first, starts=_latest_first,
+                        follow=lambda context, start, n, gamma: context[start + n + 1:start + n + 1 + gamma])
+
+
+def _ignores_gamma(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=_longest_first, starts=_latest_first,
+                        follow=lambda context, start, n, gamma: context[start + n:])
+
+
+def _longest_only(context, gamma, max_ngram):
+    return _lookup_with(context, gamma, max_ngram, sizes=lambda top: range(top, top - 1, -1) if top > 0 else (),
+                        starts=_latest_first, follow=_continuation)
+
+
+LOOKUP = register(
+    Exercise(
+        id="07.prompt_lookup",
+        title="The prompt-lookup drafter",
+        function="propose",
+        reference=prompt_lookup_propose,
+        points=2,
+        rtol=0.0,
+        atol=0.0,
+        hand_cases=(
+            Case(([1, 2, 3, 4], 3, 3), label="no earlier occurrence of any tail: no drafts, []"),
+            Case(([1, 5, 1, 6, 7, 1], 1, 1),
+                 label="[1] occurs at 0 and 2 before the tail: the LATEST one (2) is followed by 6"),
+            Case(([3, 1, 3, 1], 3, 3),
+                 label="the tail [1, 3, 1] only matches itself: that does not count; [3, 1] matches at 0"),
+            Case(([1, 2, 9, 5, 2, 7, 1, 2], 2, 2),
+                 label="the 2-gram [1, 2] matches at 0: preferred over the later 1-gram [2] at 4"),
+            Case(([7, 8, 9, 7], 2, 3), label="a match at the very start: position 0 counts"),
+            Case(([1, 2, 3, 1, 2], 5, 2), label="only 3 tokens follow the match: the proposal is cut short"),
+            Case(([4, 5, 6, 4, 8, 6], 2, 3),
+                 label="no 3-gram or 2-gram matches: back off to the 1-gram [6]"),
+            Case(([1, 2, 1], 0, 2), label="gamma = 0: nothing to propose, []"),
+            Case(([2, 2], 3, 4), label="max_ngram larger than the context: try n = 1 only; [2] at 0"),
+            Case(([], 3, 2), label="an empty context: []"),
+        ),
+        random_case=_lookup_case,
+        n_random=40,
+        # a verdict shows the hint of the first mistake that reproduces the learner's output: the back-off's
+        # comes before the tail's, whose output ([] on every context of two or more tokens) it shares at times
+        mistakes=(
+            Mistake("when the longest n-gram has no earlier match, back off to shorter ones (down to n = 1)",
+                    _longest_only),
+            Mistake("the tail itself (starting at len(context) - n) is not an earlier occurrence: start the "
+                    "scan one position before it", _tail_matches_itself),
+            Mistake("take the LATEST earlier occurrence (scan from the end backwards): recent text predicts "
+                    "best", _first_occurrence),
+            Mistake("propose what FOLLOWS the match, context[start + n : start + n + gamma], not the matched "
+                    "tokens themselves", _returns_the_match),
+            Mistake("try the LONGEST n-gram first (n = max_ngram down to 1): a longer match is a better "
+                    "predictor than a later shorter one", _shortest_first),
+            Mistake("the continuation starts right after the match, at start + n (not start + n + 1)",
+                    _skips_one),
+            Mistake("propose at most gamma tokens: context[start + n : start + n + gamma]", _ignores_gamma),
+        ),
+    )
+)
+
+
+__all__ = ["LOOKUP", "PREDICT_GAMMA", "ROUND", "best_gamma_here", "prompt_lookup_propose"]
