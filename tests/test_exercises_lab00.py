@@ -1,8 +1,12 @@
 """The bug zoo of lab 00: wrong implementations learners write, each reported as failed with a pointed hint."""
 
+import math
+
+import pytest
 import torch
 
 import labkit.core.sampling
+import labkit.core.speculative
 from labkit.exercises.checking import check_function
 from labkit.exercises import exercises, get
 from labkit.core.sampling import softmax_with_temperature as labkit_softmax
@@ -116,7 +120,7 @@ def test_the_task_text_can_say_what_is_allowed():
 
 
 def test_the_exercise_is_registered_once_in_its_lab():
-    assert [ex.id for ex in exercises("00")] == ["00.softmax_temperature", "00.predict_tokenizer"]
+    assert [ex.id for ex in exercises("00")] == ["00.softmax_temperature", "00.sample_token", "00.predict_tokenizer"]
 
 
 def test_the_tokenizer_question_reads_one_letter():
@@ -130,3 +134,138 @@ def test_the_tokenizer_question_reads_one_letter():
         verdict = check_function(question, lambda: malformed)
         assert verdict.status == "failed" and "'b'" not in str(verdict).split("must be one of")[0], malformed
     assert EXERCISE.points == 2 and EXERCISE.function == "softmax_with_temperature"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 00.sample_token: inverse-CDF sampling with the uniform passed in
+
+SAMPLE = get("00.sample_token")
+
+
+def sample_solution(probs, u):
+    cumulative = probs.double().cumsum(0)
+    return int((cumulative <= u * cumulative[-1]).sum())
+
+
+def sample_loop(probs, u):  # the same rule written as a loop, running sum in Python floats
+    point, running = u * float(probs.double().sum()), 0.0
+    for index, probability in enumerate(probs.tolist()):
+        running += probability
+        if point < running:
+            return index
+    return len(probs) - 1
+
+
+def sample_normalizing_first(probs, u):  # divides by the total first, then searches, in the input's dtype
+    cumulative = (probs / probs.sum()).cumsum(0)
+    return int(torch.searchsorted(cumulative, torch.tensor([u], dtype=cumulative.dtype), right=True)[0])
+
+
+def sample_left_of_boundary(probs, u):
+    cumulative = probs.double().cumsum(0)
+    return int(torch.searchsorted(cumulative, torch.tensor([u * float(cumulative[-1])], dtype=torch.float64))[0])
+
+
+def sample_greedy(probs, u):
+    return int(probs.argmax())
+
+
+def sample_token_before(probs, u):
+    cumulative = probs.double().cumsum(0)
+    for index in range(len(probs)):
+        if cumulative[index] > u * cumulative[-1]:
+            return index - 1
+
+
+def sample_without_zeros(probs, u):
+    kept = probs[probs != 0]
+    cumulative = kept.double().cumsum(0) / kept.double().sum()
+    return int((cumulative <= u).sum())
+
+
+def sample_unscaled(probs, u):
+    for index, running in enumerate(probs.cumsum(0).tolist()):
+        if u < running:
+            return index
+    return len(probs)  # u fell past the last running sum
+
+
+def sample_clamped(probs, u):
+    return min(int((probs.double().cumsum(0) <= u).sum()), len(probs) - 1)
+
+
+def sample_in_place(probs, u):
+    probs /= probs.sum()
+    return sample_solution(probs, u)
+
+
+def sample_with_labkit(probs, u):
+    return labkit.core.speculative.draw_with_uniform(probs, u)
+
+
+def sample_with_multinomial(probs, u):
+    return int(torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(int(u * 2**31))))
+
+
+_SAMPLE_ANSWERS = [(case.args, SAMPLE.reference(*case.args)) for case in SAMPLE.hand_cases]
+
+
+def sample_memorized(probs, u):
+    for (known_probs, known_u), answer in _SAMPLE_ANSWERS:
+        if known_probs.dtype == probs.dtype and torch.equal(known_probs, probs) and known_u == u:
+            return answer
+    return 0
+
+
+SAMPLE_ZOO = {
+    sample_left_of_boundary: "belongs to the NEXT token",
+    sample_greedy: "argmax is greedy decoding",
+    sample_token_before: "off by one",
+    sample_without_zeros: "dropping the zero-probability tokens shifts every index",
+    sample_unscaled: "may sum to a little less than 1",
+    sample_clamped: "clamping to the last index can draw a token of probability 0",
+    sample_in_place: "changed its input in place",
+    sample_with_labkit: "calls labkit's own `labkit.core.speculative.draw_with_uniform`",
+    sample_with_multinomial: "calls the ready-made `torch.multinomial`",
+    sample_memorized: "random case",
+}
+
+
+def test_sample_token_solution_passes_and_every_bug_fails_with_its_hint():
+    assert_zoo(SAMPLE, sample_solution, SAMPLE_ZOO)
+
+
+@pytest.mark.parametrize("variant", [sample_loop, sample_normalizing_first])
+def test_other_correct_ways_of_sampling_pass(variant):
+    for seed in (0, 1, 2):
+        assert check_function(SAMPLE, variant, seed=seed).status == "passed", check_function(SAMPLE, variant, seed=seed)
+
+
+def test_the_sample_token_stub_is_not_attempted():
+    def sample_token(probs, u):
+        raise NotImplementedError("your code here")
+
+    assert check_function(SAMPLE, sample_token, seed=0).status == "not attempted"
+
+
+def test_the_reference_on_the_hand_figures():
+    probs = torch.tensor([0.5, 0.25, 0.0, 0.25], dtype=torch.float64)  # running sums 0.5, 0.75, 0.75, 1
+    draws = [SAMPLE.reference(probs, u) for u in (0.0, 0.3, 0.5, 0.75, 0.9, math.nextafter(1.0, 0.0))]
+    assert draws == [0, 0, 1, 3, 3, 3]
+    drifted = SAMPLE.hand_cases[-2].args[0]
+    assert float(drifted.cumsum(0)[-1]) < SAMPLE.hand_cases[-2].args[1] and float(drifted.double().sum()) < 1
+    assert [SAMPLE.reference(*case.args) for case in SAMPLE.hand_cases[-2:]] == [3, 3]
+
+
+def test_random_cases_draw_a_token_of_positive_probability_with_u_below_1():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(2000):
+        probs, u = SAMPLE.random_case(generator).args
+        assert 0.0 <= u < 1.0 and probs.dtype == torch.float64 and abs(float(probs.sum()) - 1) < 1e-12
+        assert probs[SAMPLE.reference(probs, u)] > 0
+
+
+def test_what_sample_token_may_call():
+    assert SAMPLE.points == 2 and SAMPLE.function == "sample_token" and (SAMPLE.rtol, SAMPLE.atol) == (0.0, 0.0)
+    assert SAMPLE.allowed_text == ("Neither labkit's functions nor torch's ready-made `torch.multinomial` may be "
+                                   "called inside your function: the check reports any such call.")

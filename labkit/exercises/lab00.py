@@ -1,4 +1,5 @@
-"""Lab 00's exercises: softmax with temperature (greedy at T = 0), and Lesson 4.1's question on tokenizers."""
+"""Lab 00's exercises: softmax with temperature (greedy at T = 0), sampling a token by inverse CDF,
+and Lesson 4.1's question on tokenizers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import apply_temperature, softmax_with_temperature
+from labkit.core.speculative import draw_with_uniform
 
 _LOG_8421 = lesson_logits(torch.float64)  # the lesson's A, B, C, D
 
@@ -101,6 +103,112 @@ SOFTMAX_TEMPERATURE = register(
     )
 )
 
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 00.sample_token: one draw from a distribution by inverse CDF, the uniform passed in so the answer is exact
+
+# A float32 softmax output whose running sum ends at 0.99999988 (the double sum of the same values: 0.99999991).
+_DRIFTED = (0.20731854438781738, 0.08144457638263702, 0.22873513400554657, 0.48250165581703186)
+_ABOVE_DRIFT = 0.99999995
+
+
+def _sample_case(generator: torch.Generator) -> Case:
+    vocab = int(torch.randint(1, 30, (1,), generator=generator))
+    if torch.rand(1, generator=generator) < 0.5:
+        # dyadic probabilities (integer weights over a power of two): every running sum is exact, and u sits on one
+        weights = torch.randint(0, 8, (vocab,), generator=generator)
+        weights[int(torch.randint(0, vocab, (1,), generator=generator))] += 1
+        scale = 1 << int(weights.sum() - 1).bit_length()
+        weights[int(torch.randint(0, vocab, (1,), generator=generator))] += scale - int(weights.sum())
+        probs = weights.double() / scale
+        last = int(weights.nonzero().max())  # u < 1: at most the running sum before the last token drawn
+        boundary = int(torch.randint(0, last + 1, (1,), generator=generator))
+        return Case((probs, float(weights[:boundary].sum()) / scale),
+                    label=f"{vocab} dyadic probabilities, u on the running sum before token {boundary}")
+    probs = torch.softmax(torch.randn(vocab, generator=generator, dtype=torch.float64) * 2, dim=-1)
+    probs = probs * (torch.rand(vocab, generator=generator) > 0.3)
+    probs[int(torch.randint(0, vocab, (1,), generator=generator))] += 0.1  # at least one token can be drawn
+    return Case((probs / probs.sum(), float(torch.rand(1, generator=generator, dtype=torch.float64))),
+                label=f"{vocab} random probabilities (some zero), a random u")
+
+
+# Deliberately wrong versions (the running sum in float64, as the reference computes it).
+def _running(probs):
+    return probs.double().cumsum(0)
+
+
+def _sample_on_boundary(probs, u):
+    cumulative = _running(probs)
+    return int((cumulative < u * cumulative[-1]).sum())  # first i with cumulative[i] >= u: the left token wins
+
+
+def _sample_argmax(probs, u):
+    return int(probs.argmax())
+
+
+def _sample_token_before(probs, u):
+    cumulative = _running(probs)
+    return int((cumulative <= u * cumulative[-1]).sum()) - 1
+
+
+def _sample_skips_zeros(probs, u):
+    cumulative = _running(probs[probs > 0])
+    return int((cumulative <= u * cumulative[-1]).sum())  # an index into the shortened vector
+
+
+def _sample_unscaled(probs, u):
+    return int((_running(probs) <= u).sum())
+
+
+def _sample_clamped(probs, u):
+    return min(int((_running(probs) <= u).sum()), probs.shape[0] - 1)
+
+
+SAMPLE_TOKEN = register(
+    Exercise(
+        id="00.sample_token",
+        title="Sampling a token by inverse CDF",
+        function="sample_token",
+        reference=draw_with_uniform,
+        forbidden=(torch.multinomial,),
+        points=2,
+        rtol=0.0,
+        atol=0.0,
+        hand_cases=(
+            Case((torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64), 0.0), label="u = 0 draws the first token"),
+            Case((torch.tensor([0.25, 0.25, 0.125, 0.375], dtype=torch.float64), 0.25),
+                 label="u exactly on a running sum (0.25) belongs to the next token"),
+            Case((torch.tensor([0.0, 0.5, 0.0, 0.5], dtype=torch.float64), 0.0),
+                 label="a token of probability 0 is never drawn, not even at u = 0"),
+            Case((torch.tensor([0.0, 0.5, 0.0, 0.5], dtype=torch.float64), 0.5),
+                 label="u = 0.5 is where the zero-width token 2 would start: token 3"),
+            Case((torch.tensor([0.25, 0.75, 0.0], dtype=torch.float64), math.nextafter(1.0, 0.0)),
+                 label="u just below 1 draws the last token of probability > 0"),
+            Case((torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64), 0.3), label="one-hot: every u draws it"),
+            Case((torch.tensor(_DRIFTED, dtype=torch.float32), _ABOVE_DRIFT),
+                 label="float32 probabilities summing to 0.99999991, u = 0.99999995 above that sum"),
+            Case((torch.tensor((*_DRIFTED, 0.0), dtype=torch.float32), _ABOVE_DRIFT),
+                 label="the same with a last token of probability 0, which must not be drawn"),
+        ),
+        random_case=_sample_case,
+        hints=("the token is the first index i whose running sum (float64) exceeds u times the total",),
+        mistakes=(
+            Mistake("dropping the zero-probability tokens shifts every index after them: return the index in the "
+                    "original vector (a zero-width interval is never hit anyway)", _sample_skips_zeros),
+            Mistake("u exactly on a running sum belongs to the NEXT token: take the first i with "
+                    "cumsum[i] > u (strictly greater), not >=", _sample_on_boundary),
+            Mistake("argmax is greedy decoding: u must decide the token (the first running sum above u)",
+                    _sample_argmax),
+            Mistake("off by one: the number of running sums <= u is already the (0-based) index of the token",
+                    _sample_token_before),
+            Mistake("the probabilities may sum to a little less than 1 (a float32 softmax): scale u by their total "
+                    "(u * cumsum[-1]) so u always lands inside the last running sum", _sample_unscaled),
+            Mistake("clamping to the last index can draw a token of probability 0: scale u by the total "
+                    "(u * cumsum[-1]) instead, so u always lands inside an interval", _sample_clamped),
+        ),
+    )
+)
 
 # --------------------------------------------------------------------------------------------------------------
 # 00.predict_tokenizer: Lesson 4.1's retrieve-and-predict question 1, as a choice the checker reads
