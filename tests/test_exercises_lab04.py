@@ -1,4 +1,5 @@
-"""Lab 04's exercises: the prediction on the outlier visualizer, and GPTQ's column loop with its bug zoo."""
+"""Lab 04's exercises: the prediction on the outlier visualizer, LLM.int8()'s mixed-precision matmul and GPTQ's
+column loop, each with its bug zoo."""
 
 
 import pytest
@@ -7,9 +8,11 @@ import torch
 from labkit.core import quantization as Q
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
+from labkit.exercises.lab04 import _linear_input as PREDICT_INPUT
 from zoo import assert_zoo
 
 PREDICT = get("04.predict_outlier_channels")
+INT8_MATMUL = get("04.int8_matmul")
 GPTQ_COLUMNS = get("04.gptq_columns")
 
 
@@ -27,8 +30,124 @@ def test_the_prediction_says_what_may_be_called():
 
 
 def test_lab04_registers_its_exercises_in_notebook_order():
-    assert [ex.id for ex in exercises("04")] == ["04.predict_outlier_channels", "04.gptq_columns"]
-    assert [ex.points for ex in exercises("04")] == [1, 3]
+    assert [ex.id for ex in exercises("04")] == ["04.predict_outlier_channels", "04.int8_matmul",
+                                                 "04.gptq_columns"]
+    assert [ex.points for ex in exercises("04")] == [1, 3, 3]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 04.int8_matmul: the solution, and the learners' mistakes written here (a call into labkit would be reported as
+# such, not as the mistake)
+
+
+def int8_solution(x, weight, threshold):
+    outliers = (x.abs() >= threshold).any(dim=0)  # [in]: a channel where any token reaches the threshold
+    float_part = x[:, outliers] @ weight[:, outliers].T
+    x_rest, w_rest = x.masked_fill(outliers, 0.0), weight.masked_fill(outliers, 0.0)
+    x_scales = x_rest.abs().amax(dim=1, keepdim=True) / 127  # [tokens, 1]
+    w_scales = w_rest.abs().amax(dim=1, keepdim=True) / 127  # [out, 1]
+    x_scales = torch.where(x_scales == 0, torch.ones_like(x_scales), x_scales)
+    w_scales = torch.where(w_scales == 0, torch.ones_like(w_scales), w_scales)
+    x_codes, w_codes = torch.round(x_rest / x_scales), torch.round(w_rest / w_scales)
+    return float_part + (x_codes @ w_codes.T) * x_scales * w_scales.T
+
+
+def _rowwise(values, dim=1):
+    scales = values.abs().amax(dim=dim, keepdim=True) / 127
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    return torch.round(values / scales) * scales
+
+
+def _split(x, weight, keep):
+    return x[:, keep] @ weight[:, keep].T, x.masked_fill(keep, 0.0), weight.masked_fill(keep, 0.0)
+
+
+def per_tensor_scales(x, weight, threshold):
+    float_part, x_rest, w_rest = _split(x, weight, (x.abs() >= threshold).any(dim=0))
+    x_scale, w_scale = max(float(x_rest.abs().max()) / 127, 1e-12), max(float(w_rest.abs().max()) / 127, 1e-12)
+    return float_part + (torch.round(x_rest / x_scale) * x_scale) @ (torch.round(w_rest / w_scale) * w_scale).T
+
+
+def scales_with_outliers(x, weight, threshold):
+    float_part, x_rest, w_rest = _split(x, weight, (x.abs() >= threshold).any(dim=0))
+    x_scales = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    w_scales = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    return float_part + (torch.round(x_rest / x_scales) * x_scales) @ (torch.round(w_rest / w_scales) * w_scales).T
+
+
+def outliers_per_token(x, weight, threshold):
+    large = x.abs() >= threshold
+    return (x * large) @ weight.T + _rowwise(x.masked_fill(large, 0.0)) @ _rowwise(weight).T
+
+
+def strictly_above(x, weight, threshold):
+    float_part, x_rest, w_rest = _split(x, weight, (x.abs() > threshold).any(dim=0))
+    return float_part + _rowwise(x_rest) @ _rowwise(w_rest).T
+
+
+def outliers_dropped(x, weight, threshold):
+    _, x_rest, w_rest = _split(x, weight, (x.abs() >= threshold).any(dim=0))
+    return _rowwise(x_rest) @ _rowwise(w_rest).T
+
+
+def weight_scales_per_column(x, weight, threshold):
+    float_part, x_rest, w_rest = _split(x, weight, (x.abs() >= threshold).any(dim=0))
+    return float_part + _rowwise(x_rest) @ _rowwise(w_rest, dim=0).T
+
+
+def zero_row_nan(x, weight, threshold):
+    float_part, x_rest, w_rest = _split(x, weight, (x.abs() >= threshold).any(dim=0))
+    x_scales, w_scales = x_rest.abs().amax(dim=1, keepdim=True) / 127, w_rest.abs().amax(dim=1, keepdim=True) / 127
+    return float_part + (torch.round(x_rest / x_scales) * x_scales) @ (torch.round(w_rest / w_scales) * w_scales).T
+
+
+def int8_stub(x, weight, threshold):
+    raise NotImplementedError("your code here")
+
+
+def test_int8_matmul_zoo(embedded):
+    assert_zoo(INT8_MATMUL, int8_solution, {
+        per_tensor_scales: "one scale per token (row of x) and one per output row",
+        scales_with_outliers: "take the scales after zeroing the outlier columns",
+        outliers_per_token: "the float columns are whole input channels",
+        strictly_above: "compare with >=, not >",
+        outliers_dropped: "the outlier columns are not thrown away",
+        weight_scales_per_column: "one per OUTPUT row",
+        zero_row_nan: "an all-zero row has max|row| = 0",
+    })
+    assert check_function(INT8_MATMUL, int8_stub).status == "not attempted"
+
+
+def test_int8_matmul_passes_on_the_real_layer_and_fresh_random_cases(embedded):
+    # (how long a verdict takes is measured by `make bench`, not asserted here)
+    assert check_function(INT8_MATMUL, int8_solution).status == "passed"
+
+
+def test_int8_matmul_hand_cases_are_what_their_labels_say(embedded):
+    cases = list(INT8_MATMUL.hand_cases)
+    assert len(cases) == len(INT8_MATMUL.hand_cases) == 6
+    plain, all_float, exact, zero_rows, one_token, real = cases
+    reference = INT8_MATMUL.reference
+    assert not bool(Q.outlier_channels(plain.args[0], 6.0).any())
+    assert torch.allclose(reference(*plain.args), _rowwise(plain.args[0]) @ _rowwise(plain.args[1]).T)
+    assert bool(Q.outlier_channels(all_float.args[0], 6.0).all())
+    assert torch.equal(reference(*all_float.args), all_float.args[0] @ all_float.args[1].T)
+    assert Q.outlier_channels(exact.args[0], 6.0).tolist() == [True, False, False, False]
+    out = reference(*zero_rows.args)
+    assert not bool(out.isnan().any())
+    assert torch.equal(out[0], torch.zeros(3)) and torch.equal(out[2], torch.zeros(3)) and bool(out[1].ne(0).any())
+    assert Q.outlier_channels(one_token.args[0], one_token.args[2]).tolist() == [False, False, True, False]
+    x, weight, threshold = real.args
+    assert x.shape[1] == weight.shape[1] == 576 and torch.equal(x, PREDICT_INPUT())
+    assert int(Q.outlier_channels(x, threshold).sum()) == int(PREDICT.reference())
+    outputs = [wrong(*exact.args) for wrong in (int8_solution, scales_with_outliers, strictly_above,
+                                                 outliers_dropped, outliers_per_token)]
+    assert all(not torch.allclose(outputs[i], outputs[j]) for i in range(len(outputs)) for j in range(i))
+
+
+def test_int8_matmul_says_what_may_be_called():
+    assert INT8_MATMUL.allowed_text.startswith("Neither labkit's functions nor torch's ready-made "
+                                               "`torch.quantize_per_tensor`")
 
 
 # --------------------------------------------------------------------------------------------------------------

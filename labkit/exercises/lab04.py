@@ -1,4 +1,5 @@
-"""Lab 04's exercises: a prediction checked on the outlier visualizer, and GPTQ's column loop written by the learner
+"""Lab 04's exercises: a prediction checked on the outlier visualizer, LLM.int8()'s mixed-precision matrix
+multiplication checked against labkit's ``int8_decomposed_matmul``, and GPTQ's column loop written by the learner
 and checked against labkit's ``gptq`` (small hand and random cases, then the real layer).
 
 Each exercise's task text in ``notebooks/solutions/04_outliers_quantization.ipynb`` states the rules used here.
@@ -10,7 +11,7 @@ import functools
 
 import torch
 
-from labkit.core.quantization import gptq, outlier_channels
+from labkit.core.quantization import gptq, int8_decomposed_matmul, outlier_channels
 from labkit.exercises import register
 from labkit.exercises.checking import Case, Exercise, Mistake, prediction
 
@@ -48,6 +49,172 @@ PREDICT = register(prediction(
          "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold"))
 
 __all__ = ["PREDICT", "outlier_channels_on_the_model"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 04.int8_matmul: LLM.int8()'s mixed-precision decomposition, against labkit's int8_decomposed_matmul
+
+INT8_THRESHOLD = 6.0
+INT8_REAL_ROWS = 64
+
+
+def _planted_case(generator: torch.Generator) -> Case:
+    """Activations of ordinary size with a few outlier channels planted (one token each), a small weight."""
+    def draw(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=generator))
+
+    n_tokens, n_in, n_out = draw(1, 12), draw(2, 48), draw(1, 16)
+    threshold = (6.0, 6.0, 3.0, 1.5)[draw(0, 3)]
+    x = torch.randn(n_tokens, n_in, generator=generator) * threshold / 6
+    planted = torch.randperm(n_in, generator=generator)[:draw(0, max(1, n_in // 8))]
+    for channel in planted.tolist():
+        size = threshold * (1 + 3 * float(torch.rand(1, generator=generator)))
+        x[draw(0, n_tokens - 1), channel] = size if draw(0, 1) else -size
+    weight = torch.randn(n_out, n_in, generator=generator) * 0.1
+    reaching = int(outlier_channels(x, threshold).sum())
+    return Case((x, weight, threshold),
+                label=f"random x [{n_tokens}, {n_in}] with {len(planted)} planted outlier channels "
+                      f"({reaching} reaching the threshold in all), weight [{n_out}, {n_in}], "
+                      f"threshold {threshold}")
+
+
+@functools.lru_cache(maxsize=1)
+def _int8_real_case() -> Case:
+    # A random weight: the real q_proj's values sit on the model file's 4-bit grid, where v / s often lands
+    # exactly halfway between two codes, and the answer would then hang on how the learner divides.
+    weight = torch.randn(INT8_REAL_ROWS, 576, generator=torch.Generator().manual_seed(15)) * 0.05
+    return Case((_linear_input().float(), weight, INT8_THRESHOLD),
+                label=f"the real model: layer {PREDICT_LAYER}'s q_proj input on the prediction's prompt (one channel "
+                      f"reaches {INT8_THRESHOLD}), times a random weight [{INT8_REAL_ROWS}, 576]")
+
+
+class _HandCasesThenInt8Real(tuple):
+    """The hand cases, then the real layer's case, built on first use only (importing must not load the model)."""
+
+    def __iter__(self):
+        yield from tuple.__iter__(self)
+        yield _int8_real_case()
+
+    def __len__(self) -> int:
+        return tuple.__len__(self) + 1
+
+    def __getitem__(self, index):
+        return list(self)[index]
+
+
+def _float32(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+_INT8_WEIGHT = _float32([0.31, -0.52, 0.07, 0.9], [-0.24, 0.11, 0.63, -0.05], [0.0, 0.0, 0.0, 0.0])
+_INT8_HAND_CASES = _HandCasesThenInt8Real((
+    Case((_float32([0.5, -1.25, 2.0, 0.1], [3.3, 0.04, -0.7, 1.9], [-0.02, 0.6, 0.35, -4.1]),
+          _INT8_WEIGHT, 6.0),
+         label="no outliers: plain vector-wise INT8, one scale per token row of x and one per row of the "
+               "weight (the third weight row is all zeros)"),
+    Case((_float32([7.0, 0.3, -6.5, 0.25], [0.2, -9.0, 1.1, 8.5]), _INT8_WEIGHT, 6.0),
+         label="every column an outlier (some token reaches 6 in each): the plain float product x @ weight.T"),
+    Case((_float32([-6.0, 0.5, 1.3, 0.2], [2.5, 5.999, -0.8, 0.45], [0.1, -2.0, 0.9, 3.1]), _INT8_WEIGHT, 6.0),
+         label="|x| = 6.0 exactly reaches the threshold (column 0 is kept in float); 5.999 does not (column 1 "
+               "is quantized)"),
+    Case((_float32([0.0, 0.0, 0.0, 0.0], [1.5, -12.0, 0.4, -0.9], [0.0, 0.0, 0.0, 0.0]), _INT8_WEIGHT, 6.0),
+         label="two all-zero token rows: their scale would be 0, their outputs are 0 (not NaN); column 1 is an "
+               "outlier"),
+    Case((_float32([0.8, -0.3, 2.4, 0.6], [-1.1, 0.2, 1.7, -0.4]), _INT8_WEIGHT, 2.0),
+         label="threshold 2.0: column 2 is an outlier through one token only (2.4), the other token's 1.7 goes "
+               "with it into the float part"),
+))
+
+
+def _int8_parts(x, weight, keep):
+    """(the float part, x's rest, the weight's rest) for a bool mask of float columns [in]."""
+    return x[:, keep] @ weight[:, keep].T, x.masked_fill(keep, 0.0), weight.masked_fill(keep, 0.0)
+
+
+def _vectorwise(values, dim=1):
+    """Symmetric INT8 fake quantization with one scale per row (dim=1) or per column (dim=0)."""
+    scales = (values.abs().amax(dim=dim, keepdim=True) / 127).clamp_min(torch.finfo(values.dtype).eps)
+    return torch.round(values / scales) * scales
+
+
+def _per_tensor_scales(x, weight, threshold):
+    keep = (x.abs() >= threshold).any(dim=0)
+    float_part, x_rest, w_rest = _int8_parts(x, weight, keep)
+    x_hat = torch.round(x_rest / (x_rest.abs().max() / 127).clamp_min(1e-12)) * (x_rest.abs().max() / 127)
+    w_hat = torch.round(w_rest / (w_rest.abs().max() / 127).clamp_min(1e-12)) * (w_rest.abs().max() / 127)
+    return float_part + x_hat @ w_hat.T
+
+
+def _scales_with_outliers(x, weight, threshold):
+    keep = (x.abs() >= threshold).any(dim=0)
+    float_part, x_rest, w_rest = _int8_parts(x, weight, keep)
+    x_scales = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    w_scales = (weight.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    return float_part + (torch.round(x_rest / x_scales) * x_scales) @ (torch.round(w_rest / w_scales) * w_scales).T
+
+
+def _outliers_per_token(x, weight, threshold):
+    entries = x.abs() >= threshold  # [tokens, in]: each token's own large entries, not whole channels
+    float_part = (x * entries) @ weight.T
+    return float_part + _vectorwise(x.masked_fill(entries, 0.0)) @ _vectorwise(weight).T
+
+
+def _strictly_above(x, weight, threshold):
+    float_part, x_rest, w_rest = _int8_parts(x, weight, (x.abs() > threshold).any(dim=0))
+    return float_part + _vectorwise(x_rest) @ _vectorwise(w_rest).T
+
+
+def _outliers_dropped(x, weight, threshold):
+    _, x_rest, w_rest = _int8_parts(x, weight, (x.abs() >= threshold).any(dim=0))
+    return _vectorwise(x_rest) @ _vectorwise(w_rest).T
+
+
+def _weight_scales_per_column(x, weight, threshold):
+    float_part, x_rest, w_rest = _int8_parts(x, weight, (x.abs() >= threshold).any(dim=0))
+    return float_part + _vectorwise(x_rest) @ _vectorwise(w_rest, dim=0).T
+
+
+def _zero_row_nan(x, weight, threshold):
+    float_part, x_rest, w_rest = _int8_parts(x, weight, (x.abs() >= threshold).any(dim=0))
+    x_scales, w_scales = x_rest.abs().amax(dim=1, keepdim=True) / 127, w_rest.abs().amax(dim=1, keepdim=True) / 127
+    return float_part + (torch.round(x_rest / x_scales) * x_scales) @ (torch.round(w_rest / w_scales) * w_scales).T
+
+
+INT8_MATMUL = register(Exercise(
+    id="04.int8_matmul",
+    title="LLM.int8()'s mixed-precision matrix multiplication",
+    function="int8_matmul",
+    reference=int8_decomposed_matmul,
+    points=3,
+    rtol=1e-4,
+    atol=1e-4,
+    n_random=25,
+    hand_cases=_INT8_HAND_CASES,
+    random_case=_planted_case,
+    forbidden=(torch.quantize_per_tensor, torch.quantize_per_channel, torch.fake_quantize_per_tensor_affine,
+               torch.fake_quantize_per_channel_affine),
+    hints=("outlier columns: (x.abs() >= threshold).any(dim=0); float part x[:, cols] @ weight[:, cols].T; zero "
+           "those columns in x and weight, then one scale per row of each, max|row| / 127, codes round(v / s); "
+           "int part (codes_x @ codes_w.T) * s_x * s_w.T",),
+    mistakes=(
+        Mistake("vector-wise means one scale per token (row of x) and one per output row of the weight, not one "
+                "for the whole tensor", _per_tensor_scales),
+        Mistake("take the scales after zeroing the outlier columns: the outliers must not set the INT8 range",
+                _scales_with_outliers),
+        Mistake("the float columns are whole input channels: a channel goes to float when ANY token reaches the "
+                "threshold (.any(dim=0)), and then for every token, since the weight's column must leave INT8 "
+                "with it", _outliers_per_token),
+        Mistake("|x| equal to the threshold counts as an outlier: compare with >=, not >", _strictly_above),
+        Mistake("the outlier columns are not thrown away: multiply them in float (x[:, cols] @ weight[:, cols].T) "
+                "and add that to the INT8 part", _outliers_dropped),
+        Mistake("the weight's scales go one per OUTPUT row (max over dim=1 of weight [out, in]): a scale per input "
+                "column cannot be pulled out of the sum over input channels", _weight_scales_per_column),
+        Mistake("an all-zero row has max|row| = 0, so its scale is 0 and 0 / 0 gives NaN: give such a row any "
+                "positive scale (torch.where, or clamp_min)", _zero_row_nan),
+    ),
+))
+
+__all__ += ["INT8_MATMUL"]
 
 
 # --------------------------------------------------------------------------------------------------------------
