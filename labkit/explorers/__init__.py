@@ -18,4 +18,17 @@ from labkit.explorers.canvas import FigureCanvas, show_figures_as_png
 
 show_figures_as_png()  # a figure an explorer module returns shows as a picture, not as "<Figure size ...>"
 
-__all__ = ["FigureCanvas", "show_figures_as_png"]
+
+def yours(answer) -> str:
+    """A learner's answer to an explorer task, as the reveal prints it beside labkit's: ``...`` (the placeholder
+    of the answers cell) reads "not answered yet", and a placeholder inside a tuple reads "...".
+
+    >>> yours(...), yours(7), yours((8, ...))
+    ('not answered yet', '7', '(8, ...)')
+    """
+    if answer is Ellipsis:
+        return "not answered yet"
+    return str(answer).replace("Ellipsis", "...")
+
+
+__all__ = ["FigureCanvas", "show_figures_as_png", "yours"]
