@@ -13,12 +13,28 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from labkit.instructor import classroom, grading
+import labkit.exercises
+
+from labkit.instructor import classroom, grading, worker
 from labkit.exercises.checking import Case, Exercise
 from labkit.exercises import exercises
 from labkit.instructor.kernel_limits import Confinement, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def grade_here(lab, namespace, seed):
+    """The grader's pipeline in this process, without the wall: the cases drawn, the learner's functions answering
+    them (as the worker does, to a file), the answers judged. The same data path as ``labkit grade``."""
+    import tempfile
+
+    chosen, plan, drawn = grading._plan(lab, seed)
+    with tempfile.TemporaryDirectory() as scratch:
+        cases, answers = Path(scratch) / "cases.json", Path(scratch) / "answers.json"
+        cases.write_text(json.dumps({"exercises": plan}))
+        worker.answer_cases(namespace, str(cases), str(answers))
+        answered = json.loads(answers.read_text())
+    return [grading._judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
 
 
 def test_solutions_earn_every_point_and_learner_notebooks_none(embedded):
@@ -69,11 +85,14 @@ def test_one_exercise_whose_check_crashes_does_not_stop_the_others(monkeypatch):
                       hand_cases=(Case((1,)),), random_case=lambda g: Case((1,)), n_random=1)
     real = exercises("00")
     monkeypatch.setattr("labkit.exercises.exercises", lambda lab=None: [broken, *real])
+    real_get = labkit.exercises.get
+    monkeypatch.setattr("labkit.exercises.get", lambda exercise_id: broken if exercise_id == "00.broken"
+                        else real_get(exercise_id))
 
     def softmax_with_temperature(logits, temperature):
         raise NotImplementedError
 
-    results = grading.grade_in_kernel("00", {"f": lambda x: x, "softmax_with_temperature": softmax_with_temperature})
+    results = grade_here("00", {"f": lambda x: x, "softmax_with_temperature": softmax_with_temperature}, seed=3)
     # labkit's own side broke: reported as an error (no points, no blame), never a crash of the grader.
     assert results[0]["status"] == "error" and results[0]["points"] == 0
     assert any("reference exploded" in line for line in results[0]["details"])
@@ -115,7 +134,7 @@ def test_a_prediction_edited_after_its_answer_was_shown_gains_no_point():
     first, edited = {}, {}
     exec(WRONG_PREDICTION, first)
     exec(WRONG_PREDICTION.replace("'c'", "'b'"), edited)
-    graded = [{r["id"]: r for r in grading.grade_in_kernel("00", namespace, seed=1)}["00.predict_tokenizer"]
+    graded = [{r["id"]: r for r in grade_here("00", namespace, seed=1)}["00.predict_tokenizer"]
               for namespace in (first, edited)]
     assert [(r["status"], r["points"], r["close"], r["kind"]) for r in graded] == [
         ("passed", 1, False, "prediction"), ("passed", 1, True, "prediction")]
@@ -219,15 +238,17 @@ def test_a_class_is_graded_in_parallel_within_limits(tmp_path):
 def test_the_same_seed_gives_the_same_grade_and_the_seed_follows_the_code():
     namespace: dict = {}
     exec(FLAKY_ANSWER, namespace)
-    first, again, other = (grading.grade_in_kernel("00", namespace, seed=s) for s in (7, 7, 8))
+    first, again, other = (grade_here("00", namespace, seed=s) for s in (7, 7, 8))
     assert first == again and first[0]["status"] == "failed"
     assert first[0]["details"] != other[0]["details"]  # another seed, other random cases
 
     notebook = _submission(FLAKY_ANSWER)
     with_outputs = _submission(FLAKY_ANSWER)
     with_outputs.cells[0].outputs = [nbformat.v4.new_output("stream", text="ran it")]
-    assert grading.submission_seed(notebook) == grading.submission_seed(with_outputs)
-    assert grading.submission_seed(notebook) != grading.submission_seed(_submission(FLAKY_ANSWER + "# edited\n"))
+    assert grading.submission_seed(notebook, b"k") == grading.submission_seed(with_outputs, b"k")
+    assert grading.submission_seed(notebook, b"k") != grading.submission_seed(_submission(FLAKY_ANSWER + "# edited\n"), b"k")
+    # Another instructor secret, other cases: a learner who knows the code cannot know the cases.
+    assert grading.submission_seed(notebook, b"k") != grading.submission_seed(notebook, b"other")
 
 
 def test_the_launcher_limits_memory_and_cpu_time():
@@ -239,8 +260,8 @@ def test_the_launcher_limits_memory_and_cpu_time():
                             capture_output=True, text=True, timeout=60)
     assert result.stdout == "MemoryError\n"
     assert result.returncode == -signal.SIGXCPU and time.monotonic() - started < 30
-    reason = grading._death(SimpleNamespace(poll=lambda: -signal.SIGXCPU), Limits(cpu_seconds=30))
-    assert reason == "the kernel died in this cell: it used up its CPU time limit (30 s)"
+    client = SimpleNamespace(kernel_process=SimpleNamespace(poll=lambda: -signal.SIGXCPU))
+    assert worker._death_reason(client) == "the kernel died in this cell: it used up its CPU time limit"
 
 
 def test_limits_refuse_nonsense_with_the_argument_named():
@@ -252,9 +273,11 @@ def test_limits_refuse_nonsense_with_the_argument_named():
 
 def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
     monkeypatch.setattr("labkit.instructor.kernel_limits.make_pids_cgroup", lambda max_procs: None)
+    monkeypatch.setattr("labkit.instructor.kernel_limits.make_memory_cgroup", lambda memory_mb: None)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with Confinement(Limits()) as confinement:
         assert confinement.describe()["processes"].startswith("not enforced")
+        assert confinement.describe()["total memory"].startswith("not enforced")
         assert "--cgroup" not in confinement.launcher()
 
 
@@ -273,7 +296,8 @@ def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
          "cell_errors": [], "error": "could not be graded: NotJSONError: ..."},
     ]
     columns, rows = classroom.gradebook(reports)
-    assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "predictions close", "notes"]
+    assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "predictions close", "review",
+                       "notes"]
     assert all(row["predictions close"] == "" for row in rows)  # no prediction among these exercises
     ann, ben, cy = rows
     assert (ann["labs"], ann["00.a"], ann["01.b"], ann["total"], ann["max"]) == ("00 01", 1, 1, 2, 3)

@@ -93,6 +93,7 @@ class Exercise:
     time_limit_s: float = 5.0  # per call
     kind: str = "code"  # "code": scored on agreeing with the reference; "prediction": see :func:`prediction`
     choices: tuple[Any, ...] = ()  # a prediction's possible answers, when it is a choice (a letter, a GPU count)
+    grader_cases: tuple[Case, ...] = ()  # hand cases only ``labkit grade`` runs (the notebook's check does not)
 
     @property
     def lab(self) -> str:
@@ -214,7 +215,9 @@ def _learner_frame(tb: Any) -> traceback.FrameSummary | None:
 # Running one call of untrusted code
 
 
-class _Outcome:
+class Outcome:
+    """What one call of the learner's function did: its value, or why there is none."""
+
     def __init__(self) -> None:
         self.value: Any = None
         self.error: BaseException | None = None
@@ -222,6 +225,7 @@ class _Outcome:
         self.printed = ""
         self.called_forbidden: str | None = None
         self.mutated: str | None = None
+        self.where: str | None = None  # the learner's line that raised, when the error came without a traceback
 
 
 def _snapshot(value: Any) -> Any:
@@ -241,7 +245,7 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
-def _tripwire(exercise: Exercise, outcome: _Outcome) -> Callable[[FrameType, str, Any], None]:
+def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str, Any], None]:
     """A profile hook that names the first labkit function (or forbidden torch function) the learner's code calls.
 
     It runs on every call while the learner's function runs, so it does little: a dictionary look-up or two.
@@ -285,9 +289,9 @@ def _with_own_exception_state(fn: Callable[..., Any], args: tuple, kwargs: dict)
     return next(run())
 
 
-def _call(exercise: Exercise, fn: Callable[..., Any], case: Case) -> _Outcome:
+def _call(exercise: Exercise, fn: Callable[..., Any], case: Case) -> Outcome:
     """Call ``fn`` on copies of the case's arguments with a time limit, captured output and a labkit tripwire."""
-    outcome = _Outcome()
+    outcome = Outcome()
     args, kwargs = _snapshot(case.args), _snapshot(case.kwargs)
     originals = _snapshot((args, kwargs))
     tripwire = _tripwire(exercise, outcome)
@@ -400,7 +404,16 @@ def _format_case(case: Case) -> str:
 def _error_text(error: BaseException) -> str:
     """``TypeError: <the first line of its message>``: torch's messages go on to list every signature."""
     lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    name = getattr(error, "type_name", None) or type(error).__name__  # a ReportedError names the original type
+    return f"{name}: {lines[0]}" if lines else name
+
+
+class ReportedError(Exception):
+    """An error the learner's function raised in another process, known by its type's name and message only."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
 
 
 def _labkit_error(exercise: Exercise, what: str, error: BaseException) -> Verdict:
@@ -430,18 +443,40 @@ def _check(exercise: Exercise, fn: Any, seed: int | None) -> Verdict:
     if not callable(fn):
         return Verdict(exercise, "failed", (f"`{exercise.function}` should be a function, it is a {type(fn).__name__}",))
     if exercise.kind == "prediction":
-        return _check_prediction(exercise, fn)
+        return prediction_verdict(exercise, lambda: _call(exercise, fn, exercise.hand_cases[0]))
     seed = random.SystemRandom().randrange(2**31) if seed is None else seed
-    generator = torch.Generator().manual_seed(seed)
-    hand = list(exercise.hand_cases)
     try:
-        cases = hand + [exercise.random_case(generator) for _ in range(exercise.n_random)]
+        cases = draw_cases(exercise, seed)
     except Exception as error:  # noqa: BLE001
         return _labkit_error(exercise, f"labkit could not draw the random cases (seed {seed})", error)
+    return code_verdict(exercise, cases, seed, lambda number, case: _call(exercise, fn, case))
+
+
+def draw_cases(exercise: Exercise, seed: int, extra: tuple[Case, ...] = ()) -> list[Case]:
+    """The hand cases, then ``extra`` (a grader's own hand cases), then ``n_random`` random cases drawn from
+    ``seed``. May raise (labkit's side)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [*exercise.hand_cases, *extra, *(exercise.random_case(generator) for _ in range(exercise.n_random))]
+
+
+def _case_kind(exercise: Exercise, number: int, n_cases: int, seed: int) -> str:
+    n_hand = n_cases - exercise.n_random
+    if number < n_hand:
+        return f"hand case {number + 1} of {n_hand}"
+    return f"random case {number - n_hand + 1} of {exercise.n_random} (seed {seed})"
+
+
+def code_verdict(exercise: Exercise, cases: list[Case], seed: int,
+                 outcome_of: Callable[[int, Case], Outcome]) -> Verdict:
+    """The verdict of a code exercise over ``cases``: ``outcome_of(number, case)`` is what the learner's function
+    did on that case (called here, or answered by a grading worker); the first failing case decides.
+
+    The comparison, the reference's answer and the hints are computed here, never by the learner's code.
+    """
+    n_hand = len(cases) - exercise.n_random
     for number, case in enumerate(cases):
-        kind = f"hand case {number + 1} of {len(hand)}" if number < len(hand) else (
-            f"random case {number - len(hand) + 1} of {exercise.n_random} (seed {seed})")
-        outcome = _call(exercise, fn, case)
+        kind = _case_kind(exercise, number, len(cases), seed)
+        outcome = outcome_of(number, case)
         if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
             return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
                                                        "replace the stub with your code and run that cell",))
@@ -460,14 +495,14 @@ def _check(exercise: Exercise, fn: Any, seed: int | None) -> Verdict:
             if hint:
                 lines.append(f"  hint:     {hint}")
             return Verdict(exercise, "failed", tuple(lines))
-    if not exercise.n_random and len(hand) == 1:
+    if not exercise.n_random and n_hand == 1:
         return Verdict(exercise, "passed", (f"your answer agrees with labkit's ({tolerance_words(exercise)})",))
     return Verdict(exercise, "passed", (
-        f"{len(hand)} hand-computed cases and {exercise.n_random} random cases agree with labkit's reference "
+        f"{n_hand} hand-computed cases and {exercise.n_random} random cases agree with labkit's reference "
         f"(rtol={exercise.rtol:g}, atol={exercise.atol:g})",))
 
 
-def _judge(exercise: Exercise, case: Case, outcome: _Outcome,
+def _judge(exercise: Exercise, case: Case, outcome: Outcome,
            expected: Any) -> tuple[str | None, str | None, str | None]:
     """(problem, hint, where in the learner's code) for one call, or (None, None, None) when it is right."""
     if outcome.called_forbidden:
@@ -482,7 +517,7 @@ def _judge(exercise: Exercise, case: Case, outcome: _Outcome,
     if outcome.error is not None:
         error = outcome.error
         frame = _learner_frame(error.__traceback__)
-        where = f"in {frame.name}: {frame.line}" if frame is not None and frame.line else None
+        where = f"in {frame.name}: {frame.line}" if frame is not None and frame.line else outcome.where
         return f"your function raised {_error_text(error)}", _first_line(exercise.hints), where
     if len(outcome.printed) > FLOOD_CHARS:
         return (f"your function printed {len(outcome.printed):,} characters",
@@ -671,14 +706,16 @@ def _prediction_answer(reference: Callable[[], Any]) -> Any:
     return copy.deepcopy(_PREDICTION_ANSWERS[reference])
 
 
-def _check_prediction(exercise: Exercise, fn: Callable[..., Any]) -> Verdict:
+def prediction_verdict(exercise: Exercise, outcome_of: Callable[[], Outcome]) -> Verdict:
+    """The verdict of a prediction: ``outcome_of()`` is what the learner's function answered (called here, or by
+    a grading worker); labkit's answer and the judging are computed here."""
     # labkit's answer first: the learner's call may be stopped at its time limit anywhere, even halfway through a
     # lazy import of labkit's own (when it calls labkit), which must not break the answer computed after it.
     try:
         truth = _prediction_answer(exercise.reference)
     except Exception as error:  # noqa: BLE001
         return _labkit_error(exercise, "labkit could not compute the answer", error)
-    outcome = _call(exercise, fn, exercise.hand_cases[0])
+    outcome = outcome_of()
     if isinstance(outcome.error, NotImplementedError) and not outcome.called_forbidden:
         return Verdict(exercise, "not attempted", (f"`{exercise.function}` still raises NotImplementedError: "
                                                    "replace the stub with your prediction and run that cell",))

@@ -1,10 +1,12 @@
 """Grading a class: a folder of submissions graded in parallel, one JSON report each, and a CSV gradebook.
 
 A notebook directly inside the folder belongs to the learner named by its file's stem, a notebook in a subfolder
-to the learner named by the subfolder. :func:`grade_class` grades them with ``jobs`` worker processes (each
-submission through :func:`labkit.instructor.grading.grade_notebook`, under its kernel limits), writes one JSON
-report per submission and a CSV gradebook, one row per learner (see :func:`gradebook`). A file that cannot be
-graded at all is a note on its learner's row and never stops the class.
+to the learner named by the subfolder. :func:`grade_class` grades ``jobs`` submissions at a time, each walled
+off on its own (:func:`labkit.instructor.grading.grade_notebook`): one that crashes, hangs or floods is that
+submission's report, never its neighbours'. Only after every run has ended does this process write one JSON
+report per submission and the CSV gradebook, one row per learner (see :func:`gradebook`), each file whole or not
+at all (written aside, then renamed). A file that cannot be graded at all is a note on its learner's row and
+never stops the class.
 
     labkit grade submissions/ [--out submissions-grades] [--jobs 2]
 """
@@ -12,12 +14,15 @@ graded at all is a note on its learner's row and never stops the class.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from labkit.instructor.grading import grade_notebook, printable
 from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.review import summary_text
 
 def find_submissions(folder: Path) -> list[tuple[str, Path]]:
     """(learner, notebook) for every submission in ``folder``, in path order.
@@ -66,12 +71,23 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
-def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits) -> dict[str, Any]:
+def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits, secret: bytes, isolate: bool) -> dict[str, Any]:
     """grade_notebook, or a report that says why the submission could not be graded at all."""
     try:
-        return grade_notebook(path, cell_timeout_s, limits)
+        return grade_notebook(path, cell_timeout_s, limits, secret=secret, isolate=isolate)
     except Exception as error:  # noqa: BLE001 - one broken submission never stops the class
         return _unreadable(path, error)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` whole, or keeps what it held: written to a file beside it, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    aside = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    with open(aside, "w", encoding="utf-8", newline="") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(aside, path)
 
 
 def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
@@ -81,14 +97,16 @@ def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 120, limits: Limits = Limits(),
-                progress: Any = print) -> list[dict[str, Any]]:
+                progress: Any = print, *, secret: bytes | None = None, isolate: bool = True) -> list[dict[str, Any]]:
     """Grade every submission in ``folder``, ``jobs`` at a time; write their JSON reports and the gradebook to ``out``.
 
     Each report gains a ``learner`` field and is written to ``out`` under the submission's relative path with the
     suffix ``.json``; the gradebook is ``out/gradebook.csv``. Returns the reports in path order.
     """
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from multiprocessing import get_context
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from labkit.instructor.grading import IsolationUnavailable, grading_secret
+    from labkit.instructor.sandbox import isolation_problem
 
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
@@ -98,35 +116,41 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     submissions = find_submissions(folder)
     if not submissions:
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
+    if isolate and isolation_problem():
+        raise IsolationUnavailable(f"labkit grade walls off each submission with bubblewrap, and "
+                                   f"{isolation_problem()}. Install it, or grade without the wall with "
+                                   "--no-isolation (only for submissions you trust)")
+    secret = grading_secret() if secret is None else secret
     reports: dict[Path, dict[str, Any]] = {}
-    # Worker processes, not threads: each runs its own nbclient event loop. "spawn" keeps them free of the
-    # parent's state (a forked copy of a running event loop misbehaves).
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits): (learner, path)
+    # Threads suffice here: each submission runs in its own walled-off process tree, and this process only
+    # prepares cases and judges answers (one thread at a time, see grading._JUDGE).
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits, secret, isolate): (learner, path)
                    for learner, path in submissions}
         for future in as_completed(futures):
             learner, path = futures[future]
             try:
                 report = future.result()
-            except Exception as error:  # noqa: BLE001 - a worker that died is one submission's error
+            except Exception as error:  # noqa: BLE001 - one submission's failure is its own report
                 report = _unreadable(path, error)
             report["learner"] = learner
-            target = out / path.relative_to(folder).with_suffix(".json")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(report, indent=2), encoding="utf-8")
             reports[path] = report
             outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
             progress(printable(f"graded {learner} ({path.name}): {outcome}"))
+    # Every run has ended (each was killed at its end, with everything it started): now the files are written.
     ordered = [reports[path] for _, path in submissions]
+    for (_, path), report in zip(submissions, ordered):
+        write_atomically(out / path.relative_to(folder).with_suffix(".json"), json.dumps(report, indent=2))
     for learner, link in symlinked_submissions(folder):
         ordered.append({"learner": learner, "notebook": link.name, "lab": None, "score": 0, "max_score": 0,
                         "exercises": [], "cell_errors": [],
                         "error": "not graded: a symbolic link, not a notebook handed in"})
     columns, rows = gradebook(ordered)
-    with open(out / "gradebook.csv", "w", newline="", encoding="utf-8") as file:
-        writer = csv.DictWriter(file, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows([{key: csv_safe(printable(value)) for key, value in row.items()} for row in rows])
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows([{key: csv_safe(printable(value)) for key, value in row.items()} for row in rows])
+    write_atomically(out / "gradebook.csv", text.getvalue())
     return ordered
 
 
@@ -136,13 +160,15 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
     submission (labs in order, each lab's exercises in registration order) holding the points earned, then
     ``total``, ``max`` (the points available in the labs that learner handed in), ``predictions close`` (how
-    many of the predictions in those labs came close, "k/n": accuracy, apart from the points) and ``notes``. A
+    many of the predictions in those labs came close, "k/n": accuracy, apart from the points), ``review`` (code
+    in the counted submissions worth the instructor's look, by cell and line; see :mod:`labkit.instructor.review`)
+    and ``notes`` (including "not isolated" when a submission ran without the wall). A
     cell is empty where the learner handed in no submission of that exercise's lab. When a learner handed in one
     lab twice, the better submission counts and the note says so. A submission that could not be graded is a note.
     """
     exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
     columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "predictions close",
-               "notes"]
+               "review", "notes"]
     rows = []
     for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
         mine = [r for r in reports if r["learner"] == learner]
@@ -163,6 +189,10 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
                        if result.get("kind") == "prediction"]
         row["predictions close"] = (f"{sum(result.get('close') is True for result in predictions)}/{len(predictions)}"
                                     if predictions else "")
+        row["review"] = "; ".join(f"lab {lab}: {summary_text(report['review'])}" for lab, report in sorted(best.items())
+                                  if report.get("review"))
+        if any(report.get("isolated") is False for report in best.values()):
+            row["notes"] = "; ".join(filter(None, [row["notes"], "not isolated"]))
         rows.append(row)
     return columns, rows
 

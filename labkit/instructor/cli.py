@@ -41,6 +41,19 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"CPU time of each kernel process over the whole notebook (default {defaults.cpu_seconds})")
     grade.add_argument("--max-procs", type=int, default=defaults.max_procs,
                        help=f"processes and threads of a kernel and its children (default {defaults.max_procs})")
+    grade.add_argument("--total-memory-mb", type=int, default=defaults.total_memory_mb,
+                       help=f"memory of everything one notebook runs, MB (default {defaults.total_memory_mb})")
+    grade.add_argument("--wall-seconds", type=int, default=defaults.wall_seconds,
+                       help=f"wall time of one notebook, then it is killed (default {defaults.wall_seconds})")
+    grade.add_argument("--output-mb", type=int, default=defaults.output_mb,
+                       help=f"printed output kept per notebook, and largest file it may write, MB "
+                            f"(default {defaults.output_mb})")
+    grade.add_argument("--secret-file", type=Path,
+                       help="a file holding the instructor's secret that salts the random cases (default: "
+                            "$LABKIT_GRADING_SECRET, else one labkit keeps in the user data directory)")
+    grade.add_argument("--no-isolation", action="store_true",
+                       help="grade without bubblewrap's wall (only for submissions you trust; reports say "
+                            "'not isolated')")
 
     commands.add_parser("cache", help="show the model cache location and size")
     commands.add_parser("clear-cache", help="delete the model cache")
@@ -72,23 +85,31 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
     from labkit.instructor.classroom import format_class_summary, grade_class
-    from labkit.instructor.grading import format_report, grade_notebook
+    from labkit.instructor.grading import IsolationUnavailable, format_report, grade_notebook, grading_secret
 
     if args.cell_timeout < 1:
         parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs)
+        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs,
+                        total_memory_mb=args.total_memory_mb, wall_seconds=args.wall_seconds,
+                        output_mb=args.output_mb)
     except ValueError as error:
         parser.error(str(error).replace("_", "-"))
+    try:
+        secret = grading_secret(args.secret_file)
+    except (OSError, ValueError) as error:
+        parser.error(f"--secret-file: {error}")
+    options = {"secret": secret, "isolate": not args.no_isolation}
     if args.path.is_dir():
         if args.json:
             parser.error("--json is for one notebook; a folder's reports go to --out")
         out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
         try:
-            reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits)
-        except (FileNotFoundError, ValueError) as error:
+            reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits,
+                                  **options)
+        except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
             parser.error(str(error))
         print()
         print(format_class_summary(reports))
@@ -97,12 +118,14 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.out:
         parser.error("--out is for a folder of submissions; use --json for one notebook")
     try:
-        report = grade_notebook(args.path, cell_timeout_s=args.cell_timeout, limits=limits)
-    except (FileNotFoundError, ValueError) as error:
+        report = grade_notebook(args.path, cell_timeout_s=args.cell_timeout, limits=limits, **options)
+    except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
         parser.error(str(error))
     print(format_report(report))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        from labkit.instructor.classroom import write_atomically
+
+        write_atomically(args.json, json.dumps(report, indent=2))
         print(f"wrote {args.json}")
 
 

@@ -1,17 +1,20 @@
-"""Grading a submitted notebook: run it headless, then check every exercise of its lab in the same kernel.
+"""Grading a submitted notebook: the grader judges, the learner's notebook only answers.
 
-The learner's own check cells run too, but the score does not depend on them: after the notebook's last cell,
-the grader runs each registered exercise of the lab against whatever functions the notebook defined. Each cell
-has a time limit (a runaway cell is interrupted and the run goes on), a cell that raises does not stop the run,
-and a cell that kills the kernel is skipped on a fresh run of the rest. One exercise crashing never stops the
-others from being graded.
+The grader (this process, trusted) owns the exercises of the lab, draws their cases, computes labkit's answers,
+compares and gives the points. The submission runs walled off (:mod:`labkit.instructor.sandbox`): a worker
+(:mod:`labkit.instructor.worker`) executes a private copy of the notebook in a kernel, then calls the learner's
+functions on the case inputs the grader wrote, and hands back what they returned as plain data
+(:mod:`labkit.instructor.wire`). Nothing the notebook prints is parsed; no object of the learner's takes part
+in a comparison; no expected value ever enters the wall.
 
-Each kernel runs under the limits of :mod:`labkit.instructor.kernel_limits` (memory, CPU time, processes), over IPC sockets
-rather than TCP, with one torch thread unless ``OMP_NUM_THREADS`` says otherwise. The random cases of every check
-are drawn from a seed derived from the submission's code, so grading the same submission again gives the same
-grade (a learner re-running a check in the notebook still gets fresh cases).
+Random cases are drawn from a seed made of an instructor secret and the submission's code, so a learner cannot
+know them beforehand, and grading the same submission again (with the same secret) gives the same grade. The
+secret is ``--secret-file``'s content, else ``$LABKIT_GRADING_SECRET``, else a random one labkit makes once and
+keeps in the user data directory (``grading-secret``). An exercise may add grader-only hand cases
+(``Exercise.grader_cases``). A static read of the submission's code (:mod:`labkit.instructor.review`) lists what
+only a cheat needs, for the instructor to look at.
 
-A class (a folder of submissions graded in parallel, a CSV gradebook) is ``labkit.instructor.classroom``.
+A class (a folder of submissions, a CSV gradebook) is ``labkit.instructor.classroom``.
 
     labkit grade submission.ipynb [--json grades.json] [--cell-timeout 120]
     labkit grade submissions/ [--out submissions-grades] [--jobs 2]
@@ -22,20 +25,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
-import signal
+import secrets
+import stat
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.manager import AsyncKernelManager
-from traitlets import List, Unicode
+from labkit.instructor.kernel_limits import Limits
 
-from labkit.instructor.kernel_limits import Confinement, Limits
-
-GRADES_MARKER = "LABKIT-GRADES "
 # Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
 # move the instructor's cursor, recolour the terminal or rewrite its title.
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -54,54 +55,46 @@ def printable(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: printable(item) for key, item in value.items()}
     return value
-MAX_KERNEL_DEATHS = 3
 KERNEL_LOG_LINES = 20
+MAX_NOTEBOOK_BYTES = 32 * 2**20  # a submission larger than this is not read
+MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
+SECRET_ENV = "LABKIT_GRADING_SECRET"
+_JUDGE = threading.Lock()  # labkit's references (the model among them) are run by one thread at a time
 
 
-def submission_seed(notebook: Any) -> int:
-    """The grading seed of a submission: a hash of its code cells (outputs and metadata do not change it)."""
+class IsolationUnavailable(RuntimeError):
+    """Submissions cannot be walled off here, and the instructor did not opt in to grading without the wall."""
+
+
+def grading_secret(secret_file: Path | None = None) -> bytes:
+    """The instructor's secret: ``secret_file``'s content, else ``$LABKIT_GRADING_SECRET``, else labkit's own,
+    made once at random and kept (readable by its owner only) in the user data directory."""
+    if secret_file is not None:
+        value = Path(secret_file).read_bytes().strip()
+        if not value:
+            raise ValueError(f"secret_file {secret_file} is empty; it must hold the instructor's secret")
+        return value
+    if os.environ.get(SECRET_ENV):
+        return os.environ[SECRET_ENV].encode()
+    from labkit.exercises.progress import progress_path
+
+    kept = progress_path().with_name("grading-secret")
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_hex(32))
+    return kept.read_bytes().strip()
+
+
+def submission_seed(notebook: Any, secret: bytes = b"") -> int:
+    """The grading seed of a submission: a hash of the secret and its code cells (not outputs or metadata)."""
     code = "\0".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    return _hash_to_seed(code)
+    return int.from_bytes(hashlib.sha256(secret + b"\0" + code.encode()).digest()[:4], "big") >> 1
 
 
 def _hash_to_seed(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1  # below 2**31
-
-
-def grade_in_kernel(lab: str, namespace: dict[str, Any], seed: int | None = None) -> list[dict[str, Any]]:
-    """Check every exercise of ``lab`` against the functions in ``namespace`` (runs inside the learner's kernel).
-
-    With a ``seed``, each exercise's random cases, and the global random generators the learner's code may use,
-    are seeded from it and the exercise id: the same submission gets the same grade every time.
-    """
-    from labkit.exercises.checking import check_function
-    from labkit.exercises import exercises
-
-    results = []
-    for exercise in exercises(lab):
-        exercise_seed = None if seed is None else _hash_to_seed(f"{seed}:{exercise.id}")
-        try:
-            if exercise_seed is not None:
-                _seed_global_generators(exercise_seed)
-            verdict = check_function(exercise, namespace.get(exercise.function), seed=exercise_seed)
-            status, lines, close = verdict.status, list(verdict.lines), verdict.close
-        except BaseException as error:  # noqa: BLE001 - a grader must finish whatever happens
-            status, lines, close = "failed", [f"the checker could not run: {type(error).__name__}: {error}"], None
-        results.append({"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": status,
-                        "points": exercise.points if status == "passed" else 0, "max_points": exercise.points,
-                        "close": close, "details": lines})
-    return results
-
-
-def _seed_global_generators(seed: int) -> None:
-    import sys
-
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed(seed)
 
 
 def lab_of(notebook: Any, path: Path) -> str:
@@ -115,153 +108,237 @@ def lab_of(notebook: Any, path: Path) -> str:
     raise ValueError(f"notebook {path} has no labkit.lab metadata and its name does not start with a lab number")
 
 
-def _grading_cell(lab: str, seed: int):
-    import nbformat
-
-    source = (
-        "from labkit.instructor.grading import grade_in_kernel as _labkit_grade\n"
-        "import json as _labkit_json\n"
-        f"print({GRADES_MARKER!r} + _labkit_json.dumps(_labkit_grade({lab!r}, globals(), seed={seed})))"
-    )
-    return nbformat.v4.new_code_cell(source)
-
-
-class LimitedKernelManager(AsyncKernelManager):
-    """A kernel manager that starts the kernel through :mod:`labkit.instructor.kernel_limits`' launcher."""
-
-    launcher = List(Unicode(), help="the command put before the kernel's own command line").tag(config=True)
-
-    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-        return [*self.launcher, *super().format_kernel_cmd(extra_arguments)]
+def read_submission(path: Path) -> bytes:
+    """A submission's bytes, read once: never through a symbolic link, never more than the cap."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        if Path(path).is_symlink():
+            raise ValueError(f"path {path} is a symbolic link, not a notebook handed in") from None
+        raise FileNotFoundError(f"path {path} is not a notebook file ({error.strerror})") from None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            raise FileNotFoundError(f"path {path} is not a notebook file")
+        data = file.read(MAX_NOTEBOOK_BYTES + 1)
+    if len(data) > MAX_NOTEBOOK_BYTES:
+        raise ValueError(f"notebook {path} is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+    return data
 
 
-def _run(notebook: Any, cwd: Path, cell_timeout_s: int, env: dict[str, str], limits: Limits,
-         scratch: Path, log: Path) -> tuple[Any, int | None, str | None, dict[str, str]]:
-    """Execute the notebook under ``limits``, the kernel's own stdout and stderr going to ``log``.
+def _plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
+    """The lab's exercises, what the worker gets (per exercise: its seed and the case inputs), and per exercise
+    the cases drawn (or the reason labkit could not draw them)."""
+    from labkit.exercises import exercises
+    from labkit.exercises.checking import draw_cases
+    from labkit.instructor import wire
 
-    Returns the notebook, the index of the cell during which the kernel died (or None) and why it died, and how
-    each limit was enforced.
-    """
-    from nbclient import NotebookClient
-    from nbclient.exceptions import DeadKernelError
-    from traitlets.config import Config
-
-    with Confinement(limits) as confinement:
-        # IPC sockets in the scratch folder: nothing listens on the network, and the kernel does not warn that
-        # it "is running over TCP without encryption" into the instructor's terminal.
-        config = Config({"LimitedKernelManager": {"launcher": confinement.launcher(), "transport": "ipc",
-                                                  "ip": str(scratch / "kernel")}})
-        client = NotebookClient(
-            notebook, kernel_name="python3", timeout=cell_timeout_s, allow_errors=True, interrupt_on_timeout=True,
-            error_on_timeout={"ename": "CellTimeout", "evalue": f"the cell ran longer than {cell_timeout_s} s",
-                              "traceback": []},
-            resources={"metadata": {"path": str(cwd)}}, kernel_manager_class=LimitedKernelManager, config=config,
-        )
-        current: dict[str, Any] = {"index": None, "process": None}
-        client.on_cell_start = lambda cell, cell_index: current.update(index=cell_index)
-
-        def on_kernel_start(notebook: Any) -> None:
-            # jupyter-client 7+ keeps the process in a provisioner; 6.x (Colab's) on the manager as `kernel`.
-            provisioner = getattr(client.km, "provisioner", None)
-            process = getattr(provisioner, "process", None) or getattr(client.km, "kernel", None)
-            current["process"] = process
-            pgid = getattr(provisioner, "pgid", None)
-            if pgid is None and process is not None:
-                try:  # only a kernel that leads its own group may have the group killed; never the grader's
-                    pgid = process.pid if os.getpgid(process.pid) == process.pid else None
-                except (OSError, AttributeError):
-                    pgid = None
-            confinement.kernel_pgid = pgid
-
-        client.on_notebook_start = on_kernel_start
+    chosen, plan, drawn = exercises(lab), [], {}
+    for exercise in chosen:
+        exercise_seed = _hash_to_seed(f"{seed}:{exercise.id}")
         try:
-            # What the kernel prints outside cells goes to a log, not into the instructor's terminal.
-            with open(log, "ab") as kernel_output:
-                client.execute(env=env, stdout=kernel_output, stderr=kernel_output)
-        except DeadKernelError:
-            return notebook, current["index"], _death(current["process"], limits), confinement.describe()
-    return notebook, None, None, confinement.describe()
+            cases = (list(exercise.hand_cases) if exercise.kind == "prediction"
+                     else draw_cases(exercise, exercise_seed, exercise.grader_cases))
+        except Exception as error:  # noqa: BLE001 - labkit's side: reported on that exercise
+            drawn[exercise.id] = error
+            continue
+        drawn[exercise.id] = (cases, exercise_seed)
+        plan.append({"id": exercise.id, "seed": exercise_seed,
+                     "cases": [wire.to_plain((case.args, case.kwargs), objects=True) for case in cases]})
+    return chosen, plan, drawn
 
 
-def _death(process: Any, limits: Limits) -> str:
-    """Why the kernel process ended, in words."""
-    code = None if process is None else process.poll()
-    if code is None:
-        return "the kernel died in this cell"
-    if code == -signal.SIGXCPU:
-        return f"the kernel died in this cell: it used up its CPU time limit ({limits.cpu_seconds} s)"
-    if code < 0:
-        return f"the kernel died in this cell: killed by {signal.Signals(-code).name}"
-    return f"the kernel died in this cell: it exited with code {code}"
+def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limits(), *,
+                   secret: bytes | None = None, isolate: bool = True) -> dict[str, Any]:
+    """Run a submitted notebook walled off and score each exercise of its lab. Returns the report (JSON-ready).
 
-
-def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limits()) -> dict[str, Any]:
-    """Run a submitted notebook and score each exercise of its lab. Returns the report (also JSON-ready)."""
+    ``isolate=False`` runs it without the wall (the report says "not isolated"); with ``isolate`` and no working
+    bubblewrap this raises :class:`IsolationUnavailable`.
+    """
     import nbformat
+
+    from labkit.instructor import sandbox
+    from labkit.instructor.review import review_notebook
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path {path} is not a notebook file")
-    original = nbformat.read(path, as_version=4)
-    lab = lab_of(original, path)
-    seed = submission_seed(original)
-    skipped: dict[int, str] = {}
+    if isolate and sandbox.isolation_problem():
+        raise IsolationUnavailable(
+            f"labkit grade walls off each submission with bubblewrap, and {sandbox.isolation_problem()}. Install "
+            "it, or grade without the wall with --no-isolation (every report then says 'not isolated'; only for "
+            "submissions you trust)")
+    original = read_submission(path)
+    notebook = nbformat.reads(original.decode("utf-8", errors="replace"), as_version=4)
+    lab = lab_of(notebook, path)
+    secret = grading_secret() if secret is None else secret
+    seed = submission_seed(notebook, secret)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        # The learner's own check cells save progress; keep that away from the grader's user's file. One thread
-        # per kernel: parallel kernels do not oversubscribe the cores, and the grade does not depend on --jobs.
-        env = {**os.environ, "LABKIT_PROGRESS": str(Path(scratch) / "progress.json"),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        for _ in range(MAX_KERNEL_DEATHS + 1):
-            notebook = nbformat.read(path, as_version=4)
-            for index in skipped:
-                notebook.cells[index].source = "# skipped by the grader: this cell stopped the kernel"
-            notebook.cells.append(_grading_cell(lab, seed))
-            log = Path(scratch) / "kernel.log"
-            notebook, died_at, death, enforced = _run(notebook, path.parent, cell_timeout_s, env, limits,
-                                                      Path(scratch), log)
-            if died_at is None or died_at == len(notebook.cells) - 1:
-                break
-            skipped[died_at] = death
-        kernel_log = log.read_text(errors="replace").splitlines()[-KERNEL_LOG_LINES:] if log.exists() else []
-    results = _results_from(notebook.cells[-1], lab)
-    timed_out = f"CellTimeout: the cell ran longer than {cell_timeout_s} s and was interrupted"
-    errors = [
-        # The grader's interrupt surfaces in the kernel as KeyboardInterrupt; name it for what it was.
-        {"cell": index, "error": timed_out if output.get("ename") in ("KeyboardInterrupt", "CellTimeout")
-         else f"{output.get('ename')}: {output.get('evalue')}"}
-        for index, cell in enumerate(notebook.cells[:-1])
-        if cell.cell_type == "code"
-        for output in cell.get("outputs", [])
-        if output.get("output_type") == "error"
-    ]
-    errors += [{"cell": index, "error": f"{death}; it was skipped"} for index, death in skipped.items()]
+    with _JUDGE:
+        _warm_model_cache()
+        chosen, plan, drawn = _plan(lab, seed)
+    with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as scratch:
+        job = Path(scratch) / "job"
+        (job / "out").mkdir(parents=True)
+        (job / "home").mkdir()
+        (job / "submission.ipynb").write_bytes(original)
+        (job / "cases.json").write_text(json.dumps({"exercises": plan}), encoding="utf-8")
+        inside = Path(sandbox.INSIDE_JOB) if isolate else job
+        run = sandbox.run_walled(
+            [sys.executable, "-m", "labkit.instructor.worker", "--job", str(inside),
+             "--cell-timeout", str(cell_timeout_s), "--answer-timeout", str(max(cell_timeout_s, 300)),
+             "--output-bytes", str(limits.output_mb * 2**20)],
+            job, limits, isolate=isolate, env=_worker_env(inside), readable=_model_cache())
+        answers, answer_problem = _read_untrusted_json(job, "answers.json", MAX_ANSWER_BYTES)
+        status, _ = _read_untrusted_json(job, "status.json", 2**20)
+    status = status if isinstance(status, dict) else {}
+    if answer_problem:
+        answer_problem = run.stopped or _answer_cell_problem(status) or answer_problem
+    with _JUDGE:
+        results = [_judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
     return printable({
         "notebook": str(path),
         "lab": lab,
         "score": sum(r["points"] for r in results),
         "max_score": sum(r["max_points"] for r in results),
         "exercises": results,
-        "cell_errors": sorted(errors, key=lambda e: e["cell"]),
+        "cell_errors": _cell_errors(status, cell_timeout_s),
+        "review": review_notebook(notebook, lab),
+        "isolated": isolate,
         "seed": seed,
-        "limits": enforced,
-        "kernel_log": kernel_log,  # the end of what the kernels printed outside cells (runs of this submission)
+        "limits": run.limits,
+        "stopped": run.stopped,
+        "output_dropped_bytes": _int(status.get("output_dropped_bytes")),
+        "kernel_log": run.log_tail.splitlines()[-KERNEL_LOG_LINES:],  # the end of what the run printed outside cells
         "seconds": round(time.perf_counter() - started, 1),
     })
 
 
-def _results_from(cell: Any, lab: str) -> list[dict[str, Any]]:
-    for output in cell.get("outputs", []):
-        for line in output.get("text", "").splitlines():
-            if line.startswith(GRADES_MARKER):
-                return json.loads(line[len(GRADES_MARKER):])
-    # The grading cell itself did not report (the kernel died or the learner broke labkit): zero, with the reason.
-    from labkit.exercises import exercises
+def _warm_model_cache() -> None:
+    """The embedded model's cache, built if missing: the wall lets a submission read it, never write it."""
+    from labkit.runtime.models import load_model
 
-    reason = next((f"{o.get('ename')}: {o.get('evalue')}" for o in cell.get("outputs", [])
-                   if o.get("output_type") == "error"), "the grading cell produced no report")
-    return [{"id": ex.id, "title": ex.title, "status": "failed", "points": 0, "max_points": ex.points,
-             "details": [f"could not be graded: {reason}"]} for ex in exercises(lab)]
+    load_model(progress=False)
+
+
+def _model_cache() -> list[Path]:
+    from labkit.core.resources import cache_root
+
+    return [cache_root()]
+
+
+def _worker_env(job: Path) -> dict[str, str]:
+    from labkit.core.resources import cache_root
+
+    home = job / "home"
+    return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
+            "TMPDIR": "/tmp" if str(job).startswith("/job") else str(home), "LANG": "C.UTF-8",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "LABKIT_CACHE": str(cache_root()),
+            "LABKIT_PROGRESS": str(home / "progress.json"), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
+            "IPYTHONDIR": str(home / ".ipython"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def _read_untrusted_json(job: Path, name: str, cap: int) -> tuple[Any, str | None]:
+    """A file the worker wrote in ``job/out``, parsed as JSON; links not followed, size capped. (value, problem)."""
+    try:
+        folder = os.open(job / "out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
+        finally:
+            os.close(folder)
+        with os.fdopen(descriptor, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None, f"its {name} is not a file"
+            data = file.read(cap + 1)
+    except OSError:
+        return None, "the notebook's run ended without answers"
+    if len(data) > cap:
+        return None, f"its {name} is larger than {cap // 2**20} MB"
+    try:
+        return json.loads(data), None
+    except (ValueError, RecursionError):
+        return None, f"its {name} is not readable"
+
+
+def _answer_cell_problem(status: dict[str, Any]) -> str | None:
+    error = status.get("answer_cell_error")
+    return f"the answering cell failed: {str(error)[:300]}" if error else None
+
+
+def _int(value: Any) -> int:
+    return value if type(value) is int else 0
+
+
+def _cell_errors(status: dict[str, Any], cell_timeout_s: int) -> list[dict[str, Any]]:
+    timed_out = f"CellTimeout: the cell ran longer than {cell_timeout_s} s and was interrupted"
+    errors = []
+    for key, kind in (("errors", "error"), ("skipped", "skipped")):
+        found = status.get(key)
+        for cell, text in (found.items() if isinstance(found, dict) else []):
+            if not str(cell).isdigit():
+                continue
+            text = str(text)[:500]
+            if kind == "skipped":
+                text = f"{text}; it was skipped"
+            elif text.startswith(("CellTimeout", "KeyboardInterrupt")):
+                text = timed_out  # the grader's interrupt surfaces in the kernel as KeyboardInterrupt
+            errors.append({"cell": int(cell), "error": text})
+    return sorted(errors, key=lambda e: e["cell"])
+
+
+def _judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
+    """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
+    the error that stopped labkit drawing them."""
+    from labkit.exercises.checking import Verdict, _labkit_error, check_function, code_verdict, prediction_verdict
+
+    answer = answers.get(exercise.id) if isinstance(answers, dict) else None
+    if isinstance(cases, BaseException):
+        verdict = _labkit_error(exercise, "labkit could not draw the cases", cases)
+    elif cases is None:
+        verdict = Verdict(exercise, "failed", ("could not be graded: no cases were drawn",))
+    elif problem is not None:
+        verdict = Verdict(exercise, "failed", (f"could not be graded: {problem}",))
+    elif not isinstance(answer, dict):
+        verdict = Verdict(exercise, "failed", ("could not be graded: the notebook's run gave no answer for it",))
+    elif answer.get("missing") is True:
+        verdict = check_function(exercise, None)
+    elif "not_callable" in answer:
+        verdict = Verdict(exercise, "failed", (
+            f"`{exercise.function}` should be a function, it is a {str(answer['not_callable'])[:60]}",))
+    else:
+        outcomes = answer.get("outcomes") if isinstance(answer.get("outcomes"), list) else []
+        outcome_of = (lambda number, case: _outcome(outcomes[number] if number < len(outcomes) else None))
+        if exercise.kind == "prediction":
+            verdict = prediction_verdict(exercise, lambda: outcome_of(0, None))
+        else:
+            verdict = code_verdict(exercise, cases[0], cases[1], outcome_of)
+    return {"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": verdict.status,
+            "points": verdict.points, "max_points": exercise.points, "close": verdict.close,
+            "details": list(verdict.lines)}
+
+
+def _outcome(data: Any) -> Any:
+    """What one call did, rebuilt from the worker's plain data (anything malformed is an error, never a pass)."""
+    from labkit.exercises.checking import FLOOD_CHARS, Outcome, ReportedError
+    from labkit.instructor import wire
+
+    outcome = Outcome()
+    if not isinstance(data, dict):
+        outcome.error = ReportedError("NoAnswer", "the grader got no answer for this case (the run stopped)")
+        return outcome
+    outcome.printed = str(data.get("printed") or "")[: FLOOD_CHARS + 1]
+    outcome.timed_out = data.get("timed_out") is True
+    outcome.called_forbidden = str(data["forbidden"])[:200] if data.get("forbidden") else None
+    outcome.mutated = str(data["mutated"])[:300] if data.get("mutated") else None
+    if "error" in data:
+        error = data["error"] if isinstance(data["error"], list) and len(data["error"]) == 2 else ["Error", ""]
+        name, message = str(error[0])[:80], str(error[1])[:500]
+        outcome.error = NotImplementedError(message) if name == "NotImplementedError" else ReportedError(name, message)
+        outcome.where = str(data["where"])[:300] if data.get("where") else None
+        return outcome
+    try:
+        outcome.value = wire.from_plain(data.get("value"))
+    except (wire.WireError, RecursionError, ValueError, TypeError) as error:
+        outcome.error = ReportedError("UnreadableAnswer", f"the answer could not be read back: {error}")
+    return outcome
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -276,6 +353,12 @@ def format_report(report: dict[str, Any]) -> str:
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
         lines.append(f"cell {error['cell']}: {error['error']}")
+    for finding in report.get("review", []):
+        lines.append(f"review: cell {finding['cell']} line {finding['line']}: {finding['what']}")
+    if report.get("stopped"):
+        lines.append(f"stopped: {report['stopped']}")
+    if report.get("isolated") is False:
+        lines.append("note: not isolated (graded without the wall, --no-isolation)")
     if report["limits"]["processes"].startswith("not enforced"):
         lines.append(f"note: the number of processes was {report['limits']['processes']}")
     return printable("\n".join(lines))

@@ -46,14 +46,18 @@ CPU_GRACE_S = 5  # between SIGXCPU (soft limit) and SIGKILL (hard limit)
 
 @dataclass(frozen=True)
 class Limits:
-    """What one submission's kernel may use."""
+    """What one submission may use."""
 
     memory_mb: int = 4096  # address space per process; the embedded model needs about 1.8 GB of it
     cpu_seconds: int = 900  # CPU time per process, over the whole notebook
     max_procs: int = 256  # tasks (processes and threads) of the kernel and its children together
+    total_memory_mb: int = 6144  # memory of everything the submission runs together (a memory cgroup)
+    wall_seconds: int = 1800  # one notebook, start to last answer; then everything it runs is killed
+    output_mb: int = 16  # what the notebook prints is kept up to this; also the largest file it may write
 
     def __post_init__(self) -> None:
-        for name, least in [("memory_mb", 256), ("cpu_seconds", 1), ("max_procs", 16)]:
+        for name, least in [("memory_mb", 256), ("cpu_seconds", 1), ("max_procs", 16), ("total_memory_mb", 256),
+                            ("wall_seconds", 10), ("output_mb", 1)]:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
@@ -63,8 +67,8 @@ class Limits:
 # The pids cgroup
 
 
-def _pids_hierarchy() -> Path | None:
-    """The directory under which this process may make a pids cgroup (cgroup v1 or v2), or None."""
+def _hierarchy(controller: str) -> Path | None:
+    """The directory under which this process may make a cgroup of ``controller`` (v1 or v2), or None."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
         memberships = Path("/proc/self/cgroup").read_text().splitlines()
@@ -72,16 +76,16 @@ def _pids_hierarchy() -> Path | None:
         return None
     for line in mounts:
         _, mountpoint, kind, options, *_ = line.split()
-        if kind == "cgroup" and "pids" in options.split(","):  # v1: a hierarchy of its own
-            own = next((m.split(":", 2)[2] for m in memberships if "pids" in m.split(":", 2)[1].split(",")), "/")
+        if kind == "cgroup" and controller in options.split(","):  # v1: a hierarchy of its own
+            own = next((m.split(":", 2)[2] for m in memberships if controller in m.split(":", 2)[1].split(",")), "/")
             return Path(mountpoint) / own.lstrip("/")
     for line in mounts:
         _, mountpoint, kind, *_ = line.split()
         if kind != "cgroup2":
             continue
-        # v2: only where the pids controller is handed down to children (at the root it usually is).
+        # v2: only where the controller is handed down to children (at the root it usually is).
         try:
-            if "pids" in (Path(mountpoint) / "cgroup.subtree_control").read_text().split():
+            if controller in (Path(mountpoint) / "cgroup.subtree_control").read_text().split():
                 return Path(mountpoint)
         except OSError:
             continue
@@ -90,7 +94,20 @@ def _pids_hierarchy() -> Path | None:
 
 def make_pids_cgroup(max_procs: int) -> Path | None:
     """A fresh cgroup allowing ``max_procs`` tasks, or None when this machine or user does not allow one."""
-    base = _pids_hierarchy()
+    return _make_cgroup("pids", [("pids.max", str(max_procs))])
+
+
+def make_memory_cgroup(memory_mb: int) -> Path | None:
+    """A fresh cgroup whose processes together may use ``memory_mb`` of memory (no swap beyond it), or None."""
+    limit = str(memory_mb * 2**20)
+    # v1 names, then v2 names; the swap settings are optional (absent where the kernel does not account swap).
+    return (_make_cgroup("memory", [("memory.limit_in_bytes", limit)], [("memory.memsw.limit_in_bytes", limit)])
+            or _make_cgroup("memory", [("memory.max", limit)], [("memory.swap.max", "0")]))
+
+
+def _make_cgroup(controller: str, settings: list[tuple[str, str]],
+                 optional: list[tuple[str, str]] = ()) -> Path | None:
+    base = _hierarchy(controller)
     if base is None:
         return None
     path = base / f"labkit-grade-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -99,10 +116,16 @@ def make_pids_cgroup(max_procs: int) -> Path | None:
     except OSError:
         return None
     try:
-        (path / "pids.max").write_text(str(max_procs))
+        for name, value in settings:
+            (path / name).write_text(value)
     except OSError:
         path.rmdir()
         return None
+    for name, value in optional:
+        try:
+            (path / name).write_text(value)
+        except OSError:
+            pass
     return path
 
 
@@ -120,27 +143,30 @@ def _user_tasks(uid: int) -> int:
 
 
 class Confinement:
-    """The limits of one kernel run: the launcher's command line, and the clean-up of what the kernel left.
+    """The limits of one run: the launcher's command line, and the clean-up of what the run left.
 
-    >>> Confinement(Limits(memory_mb=512, cpu_seconds=10, max_procs=32)).launcher()[-7:]
-    ['--memory-mb', '512', '--cpu-seconds', '10', '--max-procs', '32', '--']
+    >>> Confinement(Limits(memory_mb=512, cpu_seconds=10, max_procs=32)).launcher()[-9:]
+    ['--memory-mb', '512', '--cpu-seconds', '10', '--max-procs', '32', '--output-mb', '16', '--']
     """
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.cgroup: Path | None = None
+        self.cgroup: Path | None = None  # pids
+        self.memory_cgroup: Path | None = None
         self.kernel_pgid: int | None = None  # set by the grader once the kernel runs: its group is cleaned up
 
     def __enter__(self) -> Confinement:
         self.cgroup = make_pids_cgroup(self.limits.max_procs)
+        self.memory_cgroup = make_memory_cgroup(self.limits.total_memory_mb)
         return self
 
     def launcher(self) -> list[str]:
-        """The command that goes before the kernel's own command line."""
+        """The command that goes before the confined command line."""
         limits = self.limits
-        cgroup = ["--cgroup", str(self.cgroup)] if self.cgroup else []
-        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroup, "--memory-mb", str(limits.memory_mb),
-                "--cpu-seconds", str(limits.cpu_seconds), "--max-procs", str(limits.max_procs), "--"]
+        cgroups = [arg for group in (self.cgroup, self.memory_cgroup) if group for arg in ("--cgroup", str(group))]
+        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroups, "--memory-mb", str(limits.memory_mb),
+                "--cpu-seconds", str(limits.cpu_seconds), "--max-procs", str(limits.max_procs),
+                "--output-mb", str(limits.output_mb), "--"]
 
     def describe(self) -> dict[str, str]:
         """Which mechanism enforces each limit on this machine (goes into the report)."""
@@ -151,52 +177,71 @@ class Confinement:
             procs = f"{limits.max_procs} tasks beyond the user's current ones (RLIMIT_NPROC)"
         else:
             procs = "not enforced: no pids cgroup could be made and RLIMIT_NPROC does not apply to root"
-        return {"memory": f"{limits.memory_mb} MB address space per process (RLIMIT_AS)",
-                "cpu": f"{limits.cpu_seconds} CPU seconds per process (RLIMIT_CPU)", "processes": procs}
+        total = (f"{limits.total_memory_mb} MB for everything the notebook runs (memory cgroup)" if self.memory_cgroup
+                 else "not enforced: no memory cgroup could be made (only the per-process limit holds)")
+        return {"memory": f"{limits.memory_mb} MB address space per process (RLIMIT_AS)", "total memory": total,
+                "cpu": f"{limits.cpu_seconds} CPU seconds per process (RLIMIT_CPU)", "processes": procs,
+                "wall": f"{limits.wall_seconds} s for the whole notebook (then everything it runs is killed)",
+                "output": f"{limits.output_mb} MB of printed output kept, and per file written (RLIMIT_FSIZE)"}
 
-    def __exit__(self, *exc_info: object) -> None:
-        """Kill whatever the kernel left running (e.g. forked children) and remove the cgroup."""
+    def kill_all(self) -> None:
+        """Kill whatever the run left (the kernel's group, and every task still in its cgroups)."""
         if self.kernel_pgid is not None:
             try:
                 os.killpg(self.kernel_pgid, signal.SIGKILL)  # jupyter_client starts the kernel in a new session
             except OSError:
                 pass  # the group is gone already
-        if self.cgroup is None:
-            return
-        deadline = time.monotonic() + 10
-        while True:  # children that left the process group (setsid) are still in the cgroup
-            try:
-                pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text().split()]
-            except OSError:
-                pids = []
-            if not pids or time.monotonic() > deadline:
-                break
-            for pid in pids:
+        for group in (self.cgroup, self.memory_cgroup):
+            if group is None:
+                continue
+            deadline = time.monotonic() + 10
+            while True:  # children that left the process group (setsid) are still in the cgroup
                 try:
-                    os.kill(pid, signal.SIGKILL)
+                    pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
                 except OSError:
-                    pass
-            time.sleep(0.05)
-        try:
-            self.cgroup.rmdir()
-        except OSError as error:
-            print(f"labkit: could not remove {self.cgroup}: {error}", file=sys.stderr)
+                    pids = []
+                if not pids or time.monotonic() > deadline:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Kill whatever the run left running (e.g. forked children) and remove the cgroups."""
+        self.kill_all()
+        for group in (self.cgroup, self.memory_cgroup):
+            if group is None:
+                continue
+            for _ in range(50):  # a killed task leaves its cgroup a moment after the signal
+                try:
+                    group.rmdir()
+                    break
+                except OSError as error:
+                    last = error
+                    time.sleep(0.02)
+            else:
+                print(f"labkit: could not remove {group}: {last}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # The launcher: runs in the kernel's process, before the kernel
 
 
-def apply_limits(limits: Limits, cgroup: Path | None) -> None:
+def apply_limits(limits: Limits, cgroups: list[Path]) -> None:
     """Limit the current process (inherited by what it execs and forks)."""
-    if cgroup is not None:
+    for cgroup in cgroups:
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
-    elif os.geteuid() != 0:
+    if not any(group.name and (group / "pids.max").exists() for group in cgroups) and os.geteuid() != 0:
         ceiling = _user_tasks(os.getuid()) + limits.max_procs
         resource.setrlimit(resource.RLIMIT_NPROC, (ceiling, ceiling))
     memory_bytes = limits.memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + CPU_GRACE_S))
+    file_bytes = limits.output_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,12 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--max-procs", type=int, required=True)
-    parser.add_argument("--cgroup", type=Path)
+    parser.add_argument("--output-mb", type=int, default=Limits.output_mb)
+    parser.add_argument("--cgroup", type=Path, action="append", default=[])
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
         parser.error("no command after --")
-    apply_limits(Limits(args.memory_mb, args.cpu_seconds, args.max_procs), args.cgroup)
+    apply_limits(Limits(args.memory_mb, args.cpu_seconds, args.max_procs, output_mb=args.output_mb), args.cgroup)
     os.execvp(command[0], command)
 
 
