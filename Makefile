@@ -13,9 +13,15 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test test-suite notebooks bench clean-cache chromium test-browser colab-check
+.PHONY: setup lab test test-suite notebooks bench clean-cache chromium test-browser colab-check bubblewrap
 
-setup: $(STAMP)
+setup: $(STAMP) bubblewrap
+
+# `labkit grade` walls off each submission with bubblewrap (Debian's package): installed here when missing and
+# run as root; otherwise the grader's tests say how to install it and the grader refuses to run without it.
+bubblewrap:
+	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	  apt-get install -y -qq bubblewrap; else echo "labkit grade needs bubblewrap: sudo apt-get install bubblewrap"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)

@@ -141,8 +141,10 @@ def run_notebook(job: Path, cell_timeout_s: int, answer_timeout_s: int, output_b
     skipped: dict[int, str] = {}
     client_class = _client_class()
     budget = output_bytes
+    # Read once, before any of its code runs: a notebook that rewrites its own file changes nothing here.
+    original = (job / "submission.ipynb").read_text(encoding="utf-8", errors="replace")
     for _ in range(MAX_KERNEL_DEATHS + 1):
-        notebook = nbformat.read(job / "submission.ipynb", as_version=4)
+        notebook = nbformat.reads(original, as_version=4)
         for index in skipped:
             notebook.cells[index].source = "# skipped by the grader: this cell stopped the kernel"
         notebook.cells.append(nbformat.v4.new_code_cell(_ANSWER_CELL.format(
