@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import nbformat
+import torch
 import pytest
 
 import labkit.exercises
@@ -247,3 +248,53 @@ def test_learner_text_reaches_neither_the_terminal_nor_a_spreadsheet_as_control_
     text = grading.format_report(report)
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "=cmd|' /C calc'!A0" in text
     assert classroom.csv_safe(grading.printable(hostile)) == "'=cmd|' /C calc'!A0"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The wall, the wire and the review (the attack suite is tests/test_grading_attacks.py)
+
+
+def test_without_a_working_wall_the_grader_refuses_unless_told_and_then_says_so(tmp_path, monkeypatch):
+    from labkit.instructor import sandbox
+
+    nbformat.write(_submission(FLAKY_ANSWER), tmp_path / "ana.ipynb")
+    monkeypatch.setattr(sandbox, "isolation_problem", lambda: "bubblewrap is not installed (apt-get install bubblewrap)")
+    with pytest.raises(grading.IsolationUnavailable, match="bubblewrap is not installed.*--no-isolation"):
+        grading.grade_notebook(tmp_path / "ana.ipynb", secret=b"k")
+    with pytest.raises(grading.IsolationUnavailable):
+        classroom.grade_class(tmp_path, tmp_path / "out", secret=b"k")
+    report = grading.grade_notebook(tmp_path / "ana.ipynb", cell_timeout_s=30, secret=b"k", isolate=False)
+    assert report["isolated"] is False and report["limits"]["isolation"].startswith("not isolated")
+    assert report["exercises"][0]["status"] == "failed" and report["exercises"][0]["details"][0].startswith("random")
+    assert "not isolated" in grading.format_report(report)
+    _, rows = classroom.gradebook([{**report, "learner": "ana"}])
+    assert rows[0]["notes"] == "not isolated"
+
+
+def test_the_wire_carries_plain_data_only():
+    from labkit.instructor import wire
+
+    class Loud(torch.Tensor):
+        def __eq__(self, other):
+            return True
+
+    value = (torch.tensor([1.5, float("nan")]).as_subclass(Loud), {"k": [1, True, None]}, {1: "a"}, float("inf"))
+    back = wire.decode(wire.encode(value))
+    assert type(back[0]) is torch.Tensor and back[0][0] == 1.5 and back[0][1].isnan()
+    assert back[1:] == ({"k": [1, True, None]}, {1: "a"}, float("inf"))
+    assert repr(wire.decode(wire.encode(object()))) == "<a object, not plain data>"
+    assert wire.decode(wire.encode(object())) != wire.decode(wire.encode(object()))  # equal to nothing
+    for hostile in ('{"__object__": "ScriptedClock", "fields": {}}', '{"__tensor__": "float32", "shape": [4], '
+                    '"data": "AAAA"}', '{"__pickle__": 1}', "[" * 5000 + "]" * 5000):
+        with pytest.raises(wire.WireError):
+            wire.decode(hostile)  # an object only where the grader sends case inputs; bytes must fit the shape
+
+
+def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
+    from labkit.instructor.review import review_notebook
+
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb")):
+        assert review_notebook(nbformat.read(path, as_version=4), path.name[:2]) == [], path.name
+    cheat = _submission("import sys\nx = 1", "def f():\n    getattr(sys, 'settrace')(None)\n    return eval('1')")
+    assert [(f["cell"], f["line"], f["what"].split(":")[0]) for f in review_notebook(cheat, "00")] == [
+        (1, 3, "eval"), (1, 2, "the string 'settrace' spells settrace")]

@@ -233,7 +233,7 @@ def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
         assert rows[learner]["total"] == "0", learner
     flagged = {learner: rows[learner]["review"] for learner in rows}
     expected = {"fake_marker": "pre_run_cell", "patched_checker": "labkit.exercises.checking",
-                "lying_values": "a comparison or type that can lie", "watcher_off": "setprofile",
+                "lying_values": "defines __eq__: a comparison or type that can lie", "watcher_off": "setprofile",
                 "recompiled": "__code__", "other_thread": "threading", "stack_peek": "_getframe",
                 "lower_level": "private torch name", "reads_disk": "solution notebooks",
                 "edits_labkit": "labkit.exercises.checking"}
@@ -254,7 +254,9 @@ def test_nothing_outside_a_submission_changes(graded):
     assert (graded["out"] / "gradebook.csv").read_bytes() == graded["gradebook"]
     assert (graded["out"] / "alice.json").read_bytes() == graded["alice_json"]
     assert not graded["marker"].exists()
-    assert graded["connection"] is None and _errors(reports["network"])[0].startswith("OSError")
+    # Its own empty network: nothing listens on its loopback, and the host's listener was never reached.
+    assert graded["connection"] is None
+    assert _errors(reports["network"])[0].startswith(("ConnectionRefusedError", "OSError: [Errno 101]"))
 
 
 def test_limits_hold_for_the_whole_submission(graded):
@@ -262,7 +264,7 @@ def test_limits_hold_for_the_whole_submission(graded):
     forks = _errors(reports["forks"])[0]
     assert forks.startswith("RuntimeError: forks stopped at ") and int(forks.rsplit(" ", 1)[1]) < 64
     memory = _errors(reports["memory"])[0]  # three children of 1 GiB under a 2 GiB total: one is killed (9)
-    assert memory.startswith("RuntimeError: children ended with ") and "9" in json.loads(memory.split("with ")[1])
+    assert memory.startswith("RuntimeError: children ended with ") and 9 in json.loads(memory.split("with ")[1])
     assert reports["flood"]["output_dropped_bytes"] > 20 * 2**20
     assert _errors(reports["ignores_interrupt"]) == [
         "the kernel ignored the interrupt at the time limit and was killed; it was skipped"]

@@ -176,6 +176,8 @@ def _findings(tree: ast.AST, references: set[str]):
                         yield line, f"the string {node.value[:40]!r} spells {word}: {_NAMES[word]}"
         elif isinstance(node, ast.ClassDef) and any(_dotted(base) in ("torch.Tensor", "Tensor") for base in node.bases):
             yield line, f"class {node.name}(torch.Tensor): a tensor type whose comparisons can lie"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _NAMES:
+            yield line, f"defines {node.name}: {_NAMES[node.name]}"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
             yield line, "setattr(...): replaces an attribute by name"
 
