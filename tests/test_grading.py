@@ -298,3 +298,27 @@ def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
     cheat = _submission("import sys\nx = 1", "def f():\n    getattr(sys, 'settrace')(None)\n    return eval('1')")
     assert [(f["cell"], f["line"], f["what"].split(":")[0]) for f in review_notebook(cheat, "00")] == [
         (1, 3, "eval"), (1, 2, "the string 'settrace' spells settrace")]
+
+
+def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
+    from labkit.exercises import get
+    from labkit.exercises.checking import draw_cases
+
+    exercise = get("00.softmax_temperature")
+    _, plan, drawn = grading._plan("00", seed=5)
+    cases, _ = drawn["00.softmax_temperature"]
+    assert len(exercise.grader_cases) == 3
+    assert len(cases) == len(exercise.hand_cases) + len(exercise.grader_cases) + exercise.n_random
+    assert cases[len(exercise.hand_cases)].label == exercise.grader_cases[0].label
+    assert len(draw_cases(exercise, 5)) == len(exercise.hand_cases) + exercise.n_random  # the notebook's check
+    # A softmax that forgets masked tokens passes every case the notebook shows, and fails the grader's.
+    namespace: dict = {}
+    exec("import torch\ndef softmax_with_temperature(logits, temperature):\n"
+         "    if temperature == 0:\n"
+         "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
+         "    z = torch.nan_to_num(logits / temperature, neginf=0.0)\n"
+         "    return torch.softmax(z, dim=-1)\n", namespace)
+    assert labkit.exercises.checking.check_function(exercise, namespace["softmax_with_temperature"], seed=5).status \
+        == "passed"
+    graded = {r["id"]: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
+    assert graded["status"] == "failed" and "masked tokens" in graded["details"][0]

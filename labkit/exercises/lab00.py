@@ -88,6 +88,11 @@ SOFTMAX_TEMPERATURE = register(
             Case((torch.tensor([[5.0, 1.0], [2.0, 2.0]]), 0.0), label="T = 0 on a batch"),
         ),
         random_case=_random_case,
+        grader_cases=(  # run by labkit grade only
+            Case((torch.tensor([[-math.inf, 1.0, 2.0, -math.inf]]), 0.5), label="masked tokens (-inf) get probability 0"),
+            Case((torch.tensor([-1000.0, -1001.0]), 1.0), label="large negative logits must not underflow to 0/0"),
+            Case((torch.tensor([[7.0, 7.0, 7.0]]), 0.0), label="T = 0 with every logit tied: the first index"),
+        ),
         hints=("softmax(z / T) over the last dimension; T = 0 is a one-hot on the first largest logit",),
         mistakes=(
             Mistake("temperature 0 cannot be divided by: treat it as its own case, a one-hot on the argmax", _zero_divides),
@@ -192,6 +197,11 @@ SAMPLE_TOKEN = register(
                  label="the same with a last token of probability 0, which must not be drawn"),
         ),
         random_case=_sample_case,
+        grader_cases=(  # run by labkit grade only
+            Case((torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64), math.nextafter(1.0, 0.0)),
+                 label="u just below 1 with zero-probability tokens at the end: never one of them"),
+            Case((torch.full((8,), 0.125, dtype=torch.float64), 0.625), label="u on a boundary of a uniform row"),
+        ),
         hints=("the token is the first index i whose running sum (float64) exceeds u times the total",),
         mistakes=(
             Mistake("dropping the zero-probability tokens shifts every index after them: return the index in the "

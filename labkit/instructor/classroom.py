@@ -106,7 +106,7 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from labkit.instructor.grading import IsolationUnavailable, grading_secret
-    from labkit.instructor.sandbox import isolation_problem
+    from labkit.instructor.sandbox import isolation_problem, stop_all
 
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
@@ -127,16 +127,21 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits, secret, isolate): (learner, path)
                    for learner, path in submissions}
-        for future in as_completed(futures):
-            learner, path = futures[future]
-            try:
-                report = future.result()
-            except Exception as error:  # noqa: BLE001 - one submission's failure is its own report
-                report = _unreadable(path, error)
-            report["learner"] = learner
-            reports[path] = report
-            outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
-            progress(printable(f"graded {learner} ({path.name}): {outcome}"))
+        try:
+            for future in as_completed(futures):
+                learner, path = futures[future]
+                try:
+                    report = future.result()
+                except Exception as error:  # noqa: BLE001 - one submission's failure is its own report
+                    report = _unreadable(path, error)
+                report["learner"] = learner
+                reports[path] = report
+                outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
+                progress(printable(f"graded {learner} ({path.name}): {outcome}"))
+        except KeyboardInterrupt:  # the instructor stopped the class: end every run now, write nothing
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_all()
+            raise
     # Every run has ended (each was killed at its end, with everything it started): now the files are written.
     ordered = [reports[path] for _, path in submissions]
     for (_, path), report in zip(submissions, ordered):

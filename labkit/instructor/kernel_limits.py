@@ -1,30 +1,33 @@
-"""Resource limits for a grading kernel: memory, CPU time and the number of processes.
+"""Resource limits for one submission's run: memory, CPU time, processes, file size.
 
-The grader starts each submission's kernel through this launcher, which applies the limits to itself and then
-execs the kernel, so the kernel and everything it forks inherit them::
+The grader starts each run (bubblewrap and the worker inside it, see :mod:`labkit.instructor.sandbox`) through
+this launcher, which applies the limits to itself and then execs the command, so everything the run starts
+inherits them::
 
-    python -m labkit.instructor.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 [--cgroup DIR] \\
-        -- python -m ipykernel_launcher -f ...
+    python -m labkit.instructor.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 \\
+        --output-mb 16 [--cgroup DIR ...] -- COMMAND ...
 
 What is enforced, and how:
 
-- **memory**: ``RLIMIT_AS``, the address space of each process. A request beyond it fails at once (``MemoryError``
-  in Python, ``RuntimeError`` from torch) before any page is touched, so a 50 GB allocation costs nothing. It is per
-  process: a kernel that forks children may use that much again in each of them (their number is bounded below).
-  Address space counts reservations too (glibc reserves 64 MB per thread's malloc arena), which is one reason the
-  grader runs kernels with one torch thread.
+- **memory of the whole run**: a cgroup of the ``memory`` controller made for each run (v1
+  ``memory.limit_in_bytes``, v2 ``memory.max``; no swap beyond it). Past it the kernel's OOM killer ends the
+  largest process of the run, never anything outside it.
+- **memory per process**: ``RLIMIT_AS``, the address space of each process. A request beyond it fails at once
+  (``MemoryError`` in Python, ``RuntimeError`` from torch) before any page is touched, so a 50 GB allocation
+  costs nothing. Address space counts reservations too (glibc reserves 64 MB per thread's malloc arena), which is
+  one reason the grader runs kernels with one torch thread.
 - **CPU time**: ``RLIMIT_CPU``, CPU seconds of each process over the whole run. At the limit the kernel receives
   SIGXCPU (SIGKILL five seconds later) and dies in that cell; the grader reports why and skips the cell.
-- **processes**: a cgroup of the ``pids`` controller made for each kernel (``pids.max``, removed afterwards); a fork
-  beyond it fails with ``BlockingIOError``. Linux counts every thread as a task here, so the limit covers the
-  kernel's own threads too. When no pids cgroup can be made (no cgroup file system, or no permission), a non-root
-  grader falls back to ``RLIMIT_NPROC``, which counts *all* tasks of the user, so it is set to the user's current
-  count plus the limit. As root nothing bounds the count then: Linux ignores ``RLIMIT_NPROC`` for uid 0. The
-  grader states in every report which mechanism held (:meth:`Confinement.describe`).
+- **processes**: a cgroup of the ``pids`` controller made for each run (``pids.max``); a fork beyond it fails
+  with ``BlockingIOError``. Linux counts every thread as a task here. When no pids cgroup can be made (no cgroup
+  file system, or no permission), a non-root grader falls back to ``RLIMIT_NPROC``, which counts *all* tasks of
+  the user, so it is set to the user's current count plus the limit; as root nothing bounds the count then.
+- **file size**: ``RLIMIT_FSIZE``, the largest file any process of the run may write.
 
-What it leaves out: these limits stop runaway code (an allocation too big, a fork loop, an endless computation),
-not an attacker. Code running as root can raise its own limits or leave the cgroup; grade submissions you
-distrust as an unprivileged user or in a container. Wall time is the grader's cell time limit, not this module's.
+Both cgroups are removed after the run, once everything in them has been killed. The grader states in every
+report which mechanism held (:meth:`Confinement.describe`). These limits are one half of the wall; the other
+(namespaces, a private folder, no capabilities, so that code inside cannot leave its cgroups or lift its limits)
+is bubblewrap's.
 
 Layer 5 (instructor tools): standard library only.
 """

@@ -36,6 +36,15 @@ from labkit.instructor.kernel_limits import Confinement, Limits
 LOG_TAIL_BYTES = 64 * 1024  # what the grader keeps of a run's own printing (the rest is counted)
 INSIDE_JOB = "/job"
 NOBODY = 65534
+_LIVE: set[subprocess.Popen] = set()  # the runs going on now, so an interrupted grader can end them all
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all() -> None:
+    """Kill every run going on (the grader was interrupted): each ends with everything it started."""
+    with _LIVE_LOCK:
+        for process in list(_LIVE):
+            _kill(process)
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,6 +124,8 @@ def run_walled(command: list[str], job: Path, limits: Limits, *, isolate: bool, 
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                    env=None if isolate else env, cwd=str(job))
         confinement.kernel_pgid = process.pid  # its own session: the group is killed at the end
+        with _LIVE_LOCK:
+            _LIVE.add(process)
         tail = _Tail()
         reader = threading.Thread(target=tail.read, args=(process.stdout,), daemon=True)
         reader.start()
@@ -128,6 +139,8 @@ def run_walled(command: list[str], job: Path, limits: Limits, *, isolate: bool, 
             confinement.kill_all()  # anything that outlived the run (only possible without the wall)
             process.wait()
             reader.join(timeout=10)
+            with _LIVE_LOCK:
+                _LIVE.discard(process)
         described = confinement.describe()
     if not isolate:
         described["isolation"] = "not isolated: the notebook ran with the grader's own view of files and network"
