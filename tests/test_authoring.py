@@ -130,6 +130,12 @@ def test_learner_and_solution_carry_the_kernelspec_jupyterlab_writes():
         assert nbformat.read(path, as_version=4).metadata["kernelspec"] == KERNELSPEC, path.name
 
 
+def test_every_notebook_names_its_own_lab_for_the_grader():
+    """labkit grade grades a notebook as the lab its metadata names: lab 06 handed in must not be graded as 05."""
+    for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
+        assert nbformat.read(path, as_version=4).metadata["labkit"]["lab"] == path.name[:2], path.name
+
+
 def test_every_notebook_starts_with_the_one_colab_cell():
     from labkit.core.course import colab_cell_source
 

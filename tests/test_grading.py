@@ -282,6 +282,10 @@ def test_the_wire_carries_plain_data_only():
     back = wire.decode(wire.encode(value))
     assert type(back[0]) is torch.Tensor and back[0][0] == 1.5 and back[0][1].isnan()
     assert back[1:] == ({"k": [1, True, None]}, {1: "a"}, float("inf"))
+    for tensor in (torch.tensor(2.5), torch.tensor([[True, False]]), torch.zeros(0, 3), torch.arange(6).view(2, 3).t(),
+                   torch.tensor([1.0, -2.0], dtype=torch.bfloat16), torch.tensor([7], dtype=torch.int8)):
+        back = wire.decode(wire.encode(tensor))  # 0-d, bool, empty, not contiguous, bfloat16, int8: bit for bit
+        assert back.dtype == tensor.dtype and back.shape == tensor.shape and torch.equal(back, tensor)
     assert repr(wire.decode(wire.encode(object()))) == "<a object, not plain data>"
     assert wire.decode(wire.encode(object())) != wire.decode(wire.encode(object()))  # equal to nothing
     for hostile in ('{"__object__": "ScriptedClock", "fields": {}}', '{"__tensor__": "float32", "shape": [4], '

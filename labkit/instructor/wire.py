@@ -89,8 +89,7 @@ def _to_plain(value: Any, objects: bool, depth: int, memo: dict) -> Any:
         dtype = str(plain.dtype).removeprefix("torch.")
         if dtype not in _DTYPES:
             return {"__unsupported__": f"tensor of dtype {dtype}"}
-        raw = plain.view(torch.uint8).numpy().tobytes() if plain.dtype != torch.bool else (
-            plain.to(torch.uint8).numpy().tobytes())
+        raw = plain.reshape(-1).view(torch.uint8).numpy().tobytes()  # any shape, 0-d included; bool is one byte
         if len(raw) > MAX_TENSOR_BYTES:
             return {"__unsupported__": f"tensor of {len(raw):,} bytes"}
         return {"__tensor__": dtype, "shape": list(plain.shape), "data": base64.b64encode(raw).decode()}
