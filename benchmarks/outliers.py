@@ -17,7 +17,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def main(n_moves: int = 120) -> None:
-    from labkit.explorers.outliers import SOURCES, compute, outlier_explorer
+    from labkit.explorers.outliers import compute, outlier_explorer
+    from labkit.runtime.activations import SOURCES
 
     explorer = outlier_explorer()
     streams = {"layer": itertools.cycle([3, 11, 20, 27, 15, 0]), "source": itertools.cycle(list(SOURCES)[1:] + [list(SOURCES)[0]]),

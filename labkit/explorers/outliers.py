@@ -1,10 +1,11 @@
-"""Lab 04's outlier visualizer: the embedded model's real activations, token x channel, at any layer.
+"""Lab 04's outlier visualizer: the embedded model's real activations, token x channel, at any layer (layer 3,
+explorers: widgets, ``compute`` over the captured values, ``render``).
 
-The model runs once per prompt (:func:`capture_activations`: the residual stream after every block and the
-input of every kind of Linear, through ``labkit.runtime.capture``). A slider move only re-runs :func:`compute`
-(labkit.core.quantization on one ``[tokens, channels]`` tensor) and :func:`render` (the heatmap's data and the
-range lines updated in place). The threshold slider changes only numbers, so it redraws nothing; ``python -m
-benchmarks outliers`` prints p50/p95 of a move.
+The model runs once per prompt, in the runtime (:func:`labkit.runtime.activations.capture_activations`: the
+residual stream after every block and the input of every kind of Linear). A slider move only re-runs
+:func:`compute` (labkit.core.quantization on one ``[tokens, channels]`` tensor) and :func:`render` (the heatmap's
+data and the range lines updated in place). The threshold slider changes only numbers, so it redraws nothing;
+``python -m benchmarks outliers`` prints p50/p95 of a move.
 
 What it shows: |activation| on a log colour scale; how many channels reach the LLM.int8() threshold; the
 reconstruction error of that tensor under per-tensor INT8, per-token INT8 and "outlier channels kept in float";
@@ -12,13 +13,12 @@ SmoothQuant's migration at strength alpha (per-channel max |X_j| and max |W_j| b
 of the three INT8 schemes at every layer. LLM.int8(), SmoothQuant and W8A8 act on the inputs of the Linear layers
 (after RMSNorm); the residual stream, which no Linear reads, is shown because the massive activations live there,
 and its numbers say so. For it, SmoothQuant is shown on the tensor it would act on: the normalized residual
-entering q/k/v_proj. :func:`input_maxima` gives the largest |x| of every tensor at chosen layers. A toggle runs the prompt again with the massive activations
-zeroed where they appear (:mod:`labkit.runtime.massive`, Sun et al. 2024): what every later layer then computes.
+entering q/k/v_proj. A toggle runs the prompt again with the massive activations zeroed where they appear
+(:func:`labkit.runtime.activations.replace_massive`, Sun et al. 2024): what every later layer then computes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import html
 from dataclasses import dataclass
 from typing import Any
@@ -26,73 +26,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from labkit import runtime
-from labkit.runtime import massive
 from labkit.core.quantization import (LLM_INT8_THRESHOLD, fake_quantize, fake_quantize_outliers_kept,
                                       outlier_channels, per_token_fake_quantize, relative_error, smoothquant_scales,
                                       sqnr_db, token_sqnr_db)
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
+from labkit.runtime import layer_names
+from labkit.runtime.activations import RESIDUAL, SOURCES, OutlierData, capture_activations
 
 DEFAULT_PROMPT = "The Eiffel Tower is in Paris. It was finished in 1889 and is 330 metres tall."
-RESIDUAL = "residual stream"
-# What the visualizer can show -> the Linear whose input it is (k/v share q's input, up shares gate's).
-SOURCES = {RESIDUAL: "self_attn.q_proj", "q/k/v_proj input": "self_attn.q_proj", "o_proj input": "self_attn.o_proj",
-           "gate/up_proj input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
-LINEAR_INPUTS = tuple(source for source in SOURCES if source != RESIDUAL)  # what W8A8 and LLM.int8() quantize
 N_LISTED = 5
-
-
-@dataclass
-class OutlierData:
-    """One prompt's activations, captured once: per source, one ``[tokens, channels]`` tensor per layer."""
-
-    prompt: str
-    token_texts: tuple[str, ...]
-    activations: dict[str, list[torch.Tensor]]  # source -> [n_layers] of [tokens, channels]
-    weight_absmax: dict[str, list[torch.Tensor]]  # source -> [n_layers] of max |W_j| per input channel [in]
-    massive_layer: int | None = None  # the first layer whose residual stream holds a massive activation
-    zeroed_at: int | None = None  # captured with the massive activations zeroed at this layer's output
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.activations[RESIDUAL])
-
-
-def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None) -> OutlierData:
-    """Run the model once on the prompt's plain-text tokens and keep what the visualizer shows.
-
-    ``zero_massive_at``: a layer whose output has its massive activations zeroed during the pass (Sun et al.'s
-    intervention; :func:`labkit.runtime.massive.replace_massive`).
-    """
-    if zero_massive_at is not None:
-        with massive.replace_massive(lm, zero_massive_at):
-            return dataclasses.replace(capture_activations(lm, prompt), zeroed_at=zero_massive_at)
-    ids = lm.text_ids(prompt)
-    blocks = runtime.layer_names(lm)
-    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in SOURCES.items()
-               if source != RESIDUAL}
-    names = [name for group in linears.values() for name in group]
-    with runtime.capture(lm, blocks, what="output") as outputs, runtime.capture(lm, names, what="input") as inputs:
-        runtime.forward(lm, ids, use_cache=False)
-    activations = {RESIDUAL: [outputs.only(block)[0].float() for block in blocks]}
-    module = runtime.module_of(lm)
-    weight_absmax: dict[str, list[torch.Tensor]] = {}
-    for source, group in linears.items():
-        activations[source] = [inputs.only(name)[0].float() for name in group]
-        weight_absmax[source] = [module.get_submodule(name).weight.detach().abs().amax(dim=0).float().cpu()
-                                 for name in group]
-    weight_absmax[RESIDUAL] = weight_absmax["q/k/v_proj input"]
-    texts = tuple(lm.tokenizer.decode([int(i)]) for i in ids[0])
-    return OutlierData(prompt, texts, activations, weight_absmax, massive.first_massive(activations[RESIDUAL]))
-
-
-def input_maxima(data: OutlierData, layers: Any) -> dict[str, list[float]]:
-    """The largest |x| of each tensor the visualizer holds, at each of ``layers``: ``{source: [max |x| per layer]}``,
-    the Linear inputs first, then the residual stream (no Linear's input, for comparison)."""
-    layers = [int(layer) for layer in layers]
-    return {source: [float(data.activations[source][layer].abs().max()) for layer in layers]
-            for source in (*LINEAR_INPUTS, RESIDUAL)}
 
 
 @dataclass(frozen=True)
@@ -350,7 +293,7 @@ class OutlierExplorer(Explorer):
                                    layout=widgets.Layout(flex="1 1 320px", min_width="240px", max_width="560px"))
         self.run = widgets.Button(description="run the model", button_style="primary",
                                   layout=widgets.Layout(width="130px", margin=layout.GAP))
-        n_layers = len(runtime.layer_names(lm))
+        n_layers = len(layer_names(lm))
         self.layer = widgets.IntSlider(value=layer, min=0, max=n_layers - 1, description="layer", style=style,
                                        layout=layout.full_width())
         self.source = widgets.Dropdown(options=list(SOURCES), value=RESIDUAL, description="tensor", style=style,
@@ -432,16 +375,3 @@ def outlier_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, layer: int = 
         lm = load_model()
     return OutlierExplorer(lm, prompt, layer)
 
-
-def massive_activations(data: OutlierData, ratio: float = 1000.0) -> list[dict[str, Any]]:
-    """Residual-stream entries at least ``ratio`` times their layer's median |x| (Sun et al. 2024's criterion
-    uses 100 and a floor of 100 in magnitude; a larger ratio keeps the list short), largest per layer first."""
-    found = []
-    for layer, x in enumerate(data.activations[RESIDUAL]):
-        magnitudes = x.abs()
-        median = float(magnitudes.median())
-        for token, channel in torch.nonzero(magnitudes >= ratio * median).tolist():
-            found.append(dict(layer=layer, channel=channel, token=token, text=data.token_texts[token],
-                              value=float(x[token, channel]), median=median,
-                              times_median=float(magnitudes[token, channel]) / median))
-    return found
