@@ -4,12 +4,13 @@ import pytest
 
 from labkit.core.budget import budget, max_batch_size
 from labkit.explorers.memory import (
-    ATTENTION, GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, kv_context_figure, memory_explorer, paging_figure,
-    render, steps_html, verdict_html, verdict_text, with_attention,
+    GROUP_SIZE, MemoryFigure, bar_parts_gb, compute, kv_context_figure, memory_explorer, paging_figure, render,
+    steps_html, verdict_html, verdict_text,
 )
 from labkit.core.paging import request_stream, simulate_kv_allocation
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.presets import gpu_preset, model_layout, model_preset
+from labkit.core.spec import ATTENTION
 
 
 def test_compute_agrees_with_the_core_budget():
@@ -35,7 +36,6 @@ def test_attention_what_if_scales_the_kv_cache_by_the_group():
     kv = {a: v.budget.kv_cache_bytes for a, v in views.items()}
     assert kv["as built"] == kv["GQA"] == kv["MHA"] // 4 == kv["MQA"] * 8
     assert views["MHA"].budget.weights_bytes > views["as built"].budget.weights_bytes  # bigger k/v projections
-    assert with_attention(model_preset("Pythia-14M"), "GQA").n_kv_heads == 1  # 4 heads grouped by 4
 
 
 def test_tensor_parallel_is_per_gpu_and_impossible_splits_are_reported():

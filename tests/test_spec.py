@@ -1,6 +1,7 @@
 import pytest
 
-from labkit.core.spec import ModelSpec
+from toys import tiny_llama_config
+from labkit.core.spec import ATTENTION, ModelSpec, with_attention
 
 
 def test_from_llama_style_config_reads_explicit_head_dim():
@@ -25,10 +26,7 @@ def test_falcon_multi_query_flag():
 
 
 def test_from_transformers_config_object():
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                         vocab_size=100, intermediate_size=128)
+    config = tiny_llama_config(head_dim=None)  # head_dim left for transformers to derive: 64 / 4
     spec = ModelSpec.from_config(config, name="tiny")
     assert (spec.n_layers, spec.d_model, spec.n_heads, spec.n_kv_heads, spec.head_dim) == (2, 64, 4, 2, 16)
 
@@ -86,3 +84,14 @@ def test_presets_carry_the_context_limit_where_it_is_sourced():
     assert model_preset("Falcon-7B").max_position_embeddings is None  # not sourced: left out, not guessed
     assert all(spec.max_position_embeddings is None or spec.max_position_embeddings >= 2048
                for spec in model_presets().values())
+
+
+def test_attention_what_ifs_replace_the_kv_heads():
+    from labkit.core.presets import model_preset
+
+    llama = model_preset("Llama-3-8B")
+    assert [with_attention(llama, a).n_kv_heads for a in ATTENTION] == [8, 32, 8, 1]
+    assert with_attention(llama, "GQA") is llama and with_attention(llama, "MHA").n_params is None
+    assert with_attention(model_preset("Pythia-14M"), "GQA").n_kv_heads == 1  # 4 heads grouped by 4
+    with pytest.raises(ValueError, match=r"attention must be one of \('as built', 'MHA', 'GQA', 'MQA'\), got 'MLA'"):
+        with_attention(llama, "MLA")

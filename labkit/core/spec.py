@@ -12,7 +12,7 @@ Used by lab 00 (the model card) and the memory and timing labs (presets of real 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from labkit.core.resources import GB, GIB
@@ -97,6 +97,33 @@ class ModelSpec:
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
         )
+
+
+# The attention what-ifs of the memory lab: the model as built, or its KV heads as MHA, GQA or MQA would have them.
+ATTENTION = ("as built", "MHA", "GQA", "MQA")
+
+
+def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
+    """The spec with its KV heads replaced by an attention what-if; n_params cleared when the shape changes.
+
+    GQA keeps a GQA model as built; for an MHA or MQA model it groups query heads by 4 (n_heads / 4 KV heads).
+
+    >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=128256)
+    >>> [with_attention(spec, a).n_kv_heads for a in ATTENTION]
+    [8, 32, 8, 1]
+    """
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    as_built = 1 < spec.n_kv_heads < spec.n_heads
+    if attention == "as built" or (attention == "GQA" and as_built):
+        return spec
+    if attention == "GQA" and spec.n_heads % 4:
+        raise ValueError(f"GQA what-if: {spec.n_heads} query heads cannot be grouped by 4")
+    n_kv_heads = {"MHA": spec.n_heads, "MQA": 1, "GQA": spec.n_heads // 4}[attention]
+    if n_kv_heads == spec.n_kv_heads:
+        return spec
+    # The k/v projections change size with the KV heads, so the published count no longer applies.
+    return replace(spec, n_kv_heads=n_kv_heads, n_params=None)
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,8 @@ from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
 from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
-from labkit.core.spec import ModelSpec
+from labkit.core.spec import ATTENTION, ModelSpec, with_attention
 
-ATTENTION = ("as built", "MHA", "GQA", "MQA")
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
 KV_FORMATS = ("fp32", "bf16", "fp8", "int4")
 TP_DEGREES = (1, 2, 4, 8)
@@ -37,29 +36,6 @@ SCALE_BYTES = 2  # each such scale is one FP16 number
 WORKSPACE_FRACTION = 0.1  # of the GPU's memory, kept for everything not modelled (labkit.core.budget)
 PARTS = ("weights", "KV cache", "activations (est.)", "workspace (est.)", "free")
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#e8e8e8")
-
-
-def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
-    """The spec with its KV heads replaced by an attention what-if; n_params cleared when the shape changes.
-
-    GQA keeps a GQA model as built; for an MHA or MQA model it groups query heads by 4 (n_heads / 4 KV heads).
-
-    >>> spec = model_preset("Llama-3-8B")
-    >>> [with_attention(spec, a).n_kv_heads for a in ATTENTION]
-    [8, 32, 8, 1]
-    """
-    if attention not in ATTENTION:
-        raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
-    as_built = 1 < spec.n_kv_heads < spec.n_heads
-    if attention == "as built" or (attention == "GQA" and as_built):
-        return spec
-    if attention == "GQA" and spec.n_heads % 4:
-        raise ValueError(f"GQA what-if: {spec.n_heads} query heads cannot be grouped by 4")
-    n_kv_heads = {"MHA": spec.n_heads, "MQA": 1, "GQA": spec.n_heads // 4}[attention]
-    if n_kv_heads == spec.n_kv_heads:
-        return spec
-    # The k/v projections change size with the KV heads, so the published count no longer applies.
-    return dataclasses.replace(spec, n_kv_heads=n_kv_heads, n_params=None)
 
 
 @dataclass(frozen=True)
