@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from labkit.core.course import lesson_logits
-from labkit.explorers.sampling import (
-    NextTokenScores, SamplingExplorer, SamplingPlot, compute, draw_continuations, next_token_scores, render,
-    summary_html,
-)
+from labkit.explorers.sampling import SamplingExplorer, SamplingPlot, compute, render, summary_html
+from labkit.runtime.scoring import NextTokenScores
 
 LESSON = lesson_logits()
 
@@ -104,23 +102,6 @@ def test_the_model_runs_once_per_prompt_never_per_slider_move():
     explorer.prompt.value = "another"
     explorer.run.click()
     assert lm.model.calls == 2
-
-
-def test_next_token_scores_validates():
-    lm = FakeLM(torch.zeros(6))
-    with pytest.raises(ValueError, match="prompt"):
-        next_token_scores(lm, "")
-    with pytest.raises(ValueError, match="n_show"):
-        next_token_scores(lm, "hi", n_show=0)
-
-
-def test_continuations_are_seeded_on_the_real_model(embedded):
-    scores = next_token_scores(embedded, "Give me a name for a cat.", n_show=5)
-    assert len(scores.top_texts) == 5 and scores.next_token_logits.shape == (embedded.spec.vocab,)
-    first = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
-    again = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
-    greedy = draw_continuations(embedded, scores.input_ids, n=2, max_new_tokens=6, temperature=0.0)
-    assert first == again and len(first) == 2 and greedy[0] == greedy[1]
 
 
 def test_layout_keeps_the_figure_at_its_size_and_display_carries_a_picture():

@@ -1,4 +1,5 @@
-"""labkit.runtime.generation: greedy equals transformers, seeds reproduce, the cache changes nothing but the cost."""
+"""labkit.runtime.generation: greedy equals transformers, seeds reproduce, the cache changes nothing but the cost;
+continuations as text."""
 
 import re
 
@@ -7,7 +8,8 @@ import torch
 
 from toys import Bigram
 from alignment import logits_atol
-from labkit.runtime.generation import Generation, first_divergence, full_logits, generate, greedy_margins
+from labkit.runtime.generation import (Generation, draw_continuations, first_divergence, full_logits, generate,
+                                      greedy_margins)
 from labkit.core.sampling import apply_temperature, sampling_probs
 
 # Greedy tokens of two implementations agree only away from near-ties. "... about the sea." has a step decided by
@@ -224,3 +226,11 @@ def test_a_step_counter_counts_caps_and_matches_generate(embedded, prompt_ids):
     with pytest.raises(ValueError, match="call prefill first"):
         fresh.decode_one_token(chosen[-1], None)
     assert "decode calls 0 of at most 2" in repr(fresh)
+
+
+def test_continuations_are_seeded_on_the_real_model(embedded):
+    token_ids = embedded.chat_ids("Give me a name for a cat.")  # [1, seq_len]
+    first = draw_continuations(embedded, token_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
+    again = draw_continuations(embedded, token_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)
+    greedy = draw_continuations(embedded, token_ids, n=2, max_new_tokens=6, temperature=0.0)
+    assert first == again and len(first) == 2 and greedy[0] == greedy[1]

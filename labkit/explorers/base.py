@@ -21,7 +21,8 @@ Only core ipywidgets and Layout properties that exist in ipywidgets 7.7 (Colab) 
 from __future__ import annotations
 
 import base64
-from typing import Any
+import math
+from typing import Any, Sequence
 
 CONTROL_WIDTH = 360  # px: the controls column
 DESCRIPTION_WIDTH = 96  # px: a control's description ("temperature", "log2 context")
@@ -70,15 +71,18 @@ def figure_image(canvas: Any) -> Any:
 NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
 
 
-def nice_limit(value: float) -> float:
-    """The smallest of 1, 1.5, 2, 3, 4, 5, 6, 8 times a power of ten at or above ``value`` (> 0): an axis limit
-    that changes in a few steps only, so a blitting explorer keeps one background per limit.
+def nice_limit(value: float, levels: Sequence[float] | None = None) -> float:
+    """An axis limit at or above ``value`` that changes in a few steps only, so a blitting explorer keeps one
+    background per limit: the first of ``levels`` (ascending) at or above ``value``, the last when none is; without
+    ``levels``, the smallest of 1, 1.5, 2, 3, 4, 5, 6, 8 times a power of ten at or above ``value`` (> 0).
 
     >>> nice_limit(0.37), nice_limit(2.2), nice_limit(1234.0)
     (0.4, 3.0, 1500.0)
+    >>> nice_limit(2.5, (2.0, 4.0)), nice_limit(9.0, (2.0, 4.0))
+    (4.0, 4.0)
     """
-    import math
-
+    if levels is not None:
+        return next((level for level in levels if level >= value), levels[-1])
     power = 10.0 ** math.floor(math.log10(value))
     return next(round(step * power, 12) for step in NICE_STEPS if step * power >= value * (1 - 1e-12))
 

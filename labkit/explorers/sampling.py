@@ -1,14 +1,12 @@
-"""Lab 01's sampling explorer: sliders over the embedded model's real next-token distribution.
+"""Lab 01's sampling explorer: sliders over the embedded model's real next-token distribution (layer 3,
+explorers: widgets, ``compute`` over precomputed scores, ``render``).
 
-The model runs once per prompt (:func:`next_token_scores`); a slider move only re-runs :func:`compute` (the
-core's temperature and filters on one ``[vocab]`` row) and :func:`render` (bar lengths updated in place and
-drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling`` prints p50 and p95; the
-browser adds the round trip, ``python -m benchmarks browser``). The bars show the prompt's top candidates by the
-model's own ranking: every filter keeps a prefix of that ranking, so the same bars stay meaningful at every
-setting.
-
-``draw_continuations`` turns :func:`labkit.runtime.generation.generate` into text for the explorer's button and the
-notebook.
+The model runs once per prompt, in the runtime (:func:`labkit.runtime.scoring.next_token_scores`); a slider move
+only re-runs :func:`compute` (the core's temperature and filters on one ``[vocab]`` row) and :func:`render` (bar
+lengths updated in place and drawn over a cached background), well under 50 ms (``python -m benchmarks.sampling``
+prints p50 and p95; the browser adds the round trip, ``python -m benchmarks browser``). The bars show the prompt's
+top candidates by the model's own ranking: every filter keeps a prefix of that ranking, so the same bars stay
+meaningful at every setting. The continuations button calls :func:`labkit.runtime.generation.draw_continuations`.
 """
 
 from __future__ import annotations
@@ -19,44 +17,13 @@ from typing import Any
 
 import torch
 
-from labkit import runtime
-from labkit.core import validation
 from labkit.core.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
+from labkit.runtime.generation import draw_continuations
+from labkit.runtime.scoring import NextTokenScores, next_token_scores
 
 DEFAULT_PROMPT = "Give me a name for a cat."
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The model, once per prompt
-
-
-@dataclass(frozen=True)
-class NextTokenScores:
-    """One prompt's next-token logits and the texts of its top candidates."""
-
-    prompt: str
-    input_ids: torch.Tensor  # [1, seq_len] what the model read (chat template applied or raw text)
-    next_token_logits: torch.Tensor  # [vocab] float32
-    top_ids: tuple[int, ...]  # the first n_show token ids of the ranking (highest logit first, ties by lower id)
-    top_texts: tuple[str, ...]  # each decoded on its own
-    top_model_probs: tuple[float, ...]  # their probabilities at T = 1, no filter
-
-
-def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12) -> NextTokenScores:
-    """Run the model once on ``prompt`` (as a one-turn chat, or as raw text to continue) and keep the scores."""
-    validation.instance("prompt", prompt, str, "a non-empty string")
-    if not prompt:
-        raise validation.fail(ValueError, "prompt", "a non-empty string", prompt)
-    n_show = validation.integer("n_show", n_show, min=1)
-    input_ids = lm.chat_ids(prompt) if chat else lm.text_ids(prompt)
-    next_logits, _ = runtime.forward(lm, input_ids, use_cache=False)  # [1, vocab]: the scores for the next token
-    logits = next_logits[0].cpu()  # [vocab]
-    ranked = torch.sort(logits, descending=True, stable=True).indices[:n_show].tolist()
-    texts = tuple(lm.tokenizer.decode([token_id]) for token_id in ranked)
-    model_probs = tuple(torch.softmax(logits, dim=-1)[ranked].tolist())
-    return NextTokenScores(prompt, input_ids, logits.clone(), tuple(ranked), texts, model_probs)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,7 +115,7 @@ class SamplingPlot:
         self.canvas.forget_backgrounds()
 
     def set_x_limit(self, largest: float) -> None:
-        self.x_limit = next((x for x in self.X_LIMITS if largest <= x), self.X_LIMITS[-1])
+        self.x_limit = layout.nice_limit(largest, self.X_LIMITS)
 
     def redraw(self) -> None:
         """Draw the bars over the background for the current x range into the image."""
@@ -164,30 +131,6 @@ def render(plot: SamplingPlot, view: SamplingView) -> None:
         bar.set_width(value)
     plot.set_x_limit(max(max(view.model_probs), max(view.sampling_probs)))
     plot.redraw()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Continuations: a seeded token-by-token loop
-
-
-def draw_continuations(lm: Any, input_ids: torch.Tensor, n: int = 4, max_new_tokens: int = 20, seed: int = 0,
-                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-                       order: str = "temperature_first") -> list[str]:
-    """``n`` continuations of ``input_ids`` (``[1, seq_len]``), drawn as one batch with a seeded generator.
-
-    A thin text wrapper over :func:`labkit.runtime.generation.generate` (KV cache, ``sampling_probs`` then ``sample``
-    at every step; rows stop at the end-of-sequence token). Repeatable for a seed on this machine and these
-    library versions.
-    """
-    from labkit.runtime.generation import generate
-
-    n = validation.integer("n", n, min=1)
-    validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[1, seq_len]")
-    if input_ids.shape[0] != 1:
-        raise validation.fail(ValueError, "input_ids", "a tensor of shape [1, seq_len]", input_ids)
-    result = generate(lm, input_ids.repeat(n, 1), max_new_tokens, temperature=temperature, top_k=top_k,
-                      top_p=top_p, min_p=min_p, order=order, seed=seed, eos_token_id=lm.tokenizer.eos_token_id)
-    return [lm.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,7 +217,7 @@ class SamplingExplorer(Explorer):
 
     def show_continuations(self) -> None:
         self.continuations.value = "<i>drawing...</i>"
-        texts = draw_continuations(self.lm, self.scores.input_ids, n=4, max_new_tokens=24, seed=self.seed.value,
+        texts = draw_continuations(self.lm, self.scores.token_ids, n=4, max_new_tokens=24, seed=self.seed.value,
                                    **self.settings())
         items = "".join(f"<li><code>{html.escape(text)}</code></li>" for text in texts)
         self.continuations.value = f"<ol style='margin:0'>{items}</ol>"

@@ -16,6 +16,8 @@ lengths the way a server batches requests: sorted by length, cut into batches, e
 attention mask and positions counted from each prompt's first real token, so every request's greedy output is
 the one it gets alone; the results come back in request order with each request's latency.
 
+:func:`draw_continuations` turns a seeded batch of samples into text (lab 01's explorer, ``LoadedModel.sample``).
+
 :class:`StepCounter` hands out the loop's two passes one by one, counted and capped, so an exercise can check a
 loop written by hand (lab 06: identical tokens to :func:`generate`, exactly n - 1 decode calls).
 
@@ -119,6 +121,24 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
     step_logits = torch.stack(kept, dim=1) if keep_logits and kept else None
     return Generation(token_ids, prompt_len, finished, step_logits)
 
+
+
+def draw_continuations(lm: Any, token_ids: torch.Tensor, n: int = 4, max_new_tokens: int = 20, seed: int = 0,
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+                       order: str = "temperature_first") -> list[str]:
+    """``n`` continuations of ``token_ids`` (``[1, seq_len]``) as text, drawn as one batch with a seeded generator.
+
+    A thin text wrapper over :func:`generate` (KV cache, ``sampling_probs`` then ``sample`` at every step; rows
+    stop at the end-of-sequence token). Repeatable for a seed on this machine and these library versions. Used by
+    the sampling explorer's button and ``LoadedModel.sample``.
+    """
+    n = validation.integer("n", n, min=1)
+    validation.tensor("token_ids", token_ids, kind="int", ndim=2, shape="[1, seq_len]")
+    if token_ids.shape[0] != 1:
+        raise validation.fail(ValueError, "token_ids", "a tensor of shape [1, seq_len]", token_ids)
+    result = generate(lm, token_ids.repeat(n, 1), max_new_tokens, temperature=temperature, top_k=top_k,
+                      top_p=top_p, min_p=min_p, order=order, seed=seed, eos_token_id=lm.tokenizer.eos_token_id)
+    return [lm.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
 
 @dataclass(frozen=True)
 class RequestResult:

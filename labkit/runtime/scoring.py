@@ -1,9 +1,13 @@
-"""Scoring a long text with a model: one forward pass per window, every token's surprisal, entropy and rank.
+"""Scoring text with a model: one prompt's next-token scores, and a long text in windows (layer 2, runtime).
+
+:func:`next_token_scores` runs the model once on a prompt and keeps the next token's logits and its top candidates
+(lab 01's real next-token distribution, what the sampling explorer's sliders act on). :func:`score_text` runs one
+forward pass per window of a long text and keeps every token's surprisal, entropy and rank.
 
 The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.TextScore`) is the core's
 ``labkit.core.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
 
-Used by lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity). Lab 02's
+Used by lab 01 (the sampling explorer's distribution), lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity). Lab 02's
 one scoring of the evaluation text (:func:`eval_text_scores`, with its window, stride and settings) lives here, so
 the notebook and its checker read the same numbers; :class:`ScoringModel` is the model as a learner's own windowed
 scorer sees it (every position's logits of one piece of text).
@@ -14,13 +18,42 @@ from __future__ import annotations
 import functools
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from labkit.core import validation
 from labkit.core.loss import TextScore, Window, score_windows, token_surprisal, truncated_log_probs
-from labkit.runtime import full_logits
+from labkit.runtime import forward, full_logits
 from labkit.core.validation import real, tensor
+
+
+@dataclass(frozen=True)
+class NextTokenScores:
+    """One prompt's next-token logits and the texts of its top candidates."""
+
+    prompt: str
+    token_ids: torch.Tensor  # [1, seq_len] what the model read (chat template applied or raw text)
+    next_token_logits: torch.Tensor  # [vocab] float32
+    top_ids: tuple[int, ...]  # the first n_show token ids of the ranking (highest logit first, ties by lower id)
+    top_texts: tuple[str, ...]  # each decoded on its own
+    top_model_probs: tuple[float, ...]  # their probabilities at T = 1, no filter
+
+
+def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12) -> NextTokenScores:
+    """Run the model once on ``prompt`` (as a one-turn chat, or as raw text to continue) and keep the scores."""
+    validation.instance("prompt", prompt, str, "a non-empty string")
+    if not prompt:
+        raise validation.fail(ValueError, "prompt", "a non-empty string", prompt)
+    n_show = validation.integer("n_show", n_show, min=1)
+    token_ids = lm.chat_ids(prompt) if chat else lm.text_ids(prompt)  # [1, seq_len]
+    next_logits, _ = forward(lm, token_ids, use_cache=False)  # [1, vocab]: the scores for the next token
+    logits = next_logits[0].cpu()  # [vocab]
+    ranked = torch.sort(logits, descending=True, stable=True).indices[:n_show].tolist()
+    texts = tuple(lm.tokenizer.decode([token_id]) for token_id in ranked)
+    model_probs = tuple(torch.softmax(logits, dim=-1)[ranked].tolist())
+    return NextTokenScores(prompt, token_ids, logits.clone(), tuple(ranked), texts, model_probs)
 
 
 def _pass_logits(model: Any, token_ids: torch.Tensor, piece: Window, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
