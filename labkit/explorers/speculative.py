@@ -96,15 +96,6 @@ TOKENS_LIMITS = (2.0, 4.0, 7.0, 14.0)  # y limits of the tokens panel (snapped u
 SPEED_LIMITS = (1.5, 2.0, 3.0, 4.0, 6.0, 9.0, 14.0)  # y limits of the improvement panel
 
 
-def snapped_limit(value: float, levels: Sequence[float]) -> float:
-    """The first level at or above ``value`` (the last when none is): y limits that change in a few steps only.
-
-    >>> snapped_limit(2.5, (2.0, 4.0)), snapped_limit(9.0, (2.0, 4.0))
-    (4.0, 4.0)
-    """
-    return next((level for level in levels if level >= value), levels[-1])
-
-
 class SpeculativePlot:
     """Two line panels and a strip of simulated calls, blitted.
 
@@ -184,7 +175,7 @@ def render(plot: SpeculativePlot, view: SpeculativeView,
     plot.strip.set_data(blocks)
     tokens_top = max(view.popular_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05
     speed_top = max([*view.improvement, *(m[1] for m in measured)]) * 1.1
-    plot.redraw((snapped_limit(tokens_top, TOKENS_LIMITS), snapped_limit(speed_top, SPEED_LIMITS)))
+    plot.redraw((layout.nice_limit(tokens_top, TOKENS_LIMITS), layout.nice_limit(speed_top, SPEED_LIMITS)))
 
 
 class SpeculativeExplorer(Explorer):
