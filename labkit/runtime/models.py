@@ -128,14 +128,12 @@ class LoadedModel:
         seed is left alone); no top-k or top-p filter is added behind the learner's back.
         """
         from labkit.core import validation
-        from labkit.runtime.generation import generate
+        from labkit.runtime.generation import draw_continuations
 
         validation.integer("n", n, min=1)
         validation.real("temperature", temperature, min=0, min_open=True, note="use chat() for greedy")
-        input_ids = self.prompt_ids(prompt).expand(n, -1)  # n copies of the prompt, one row per sample
-        result = generate(self, input_ids, max_new_tokens, temperature=temperature, seed=seed,
-                          eos_token_id=self.tokenizer.eos_token_id)
-        return [self.tokenizer.decode(row, skip_special_tokens=True) for row in result.new_token_ids]
+        return draw_continuations(self, self.prompt_ids(prompt), n=n, max_new_tokens=max_new_tokens, seed=seed,
+                                  temperature=temperature)
 
 
 _loaded: dict[tuple[str, str], LoadedModel] = {}
