@@ -30,7 +30,7 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
     **dict.fromkeys(["pre_run_cell", "post_run_cell", "pre_execute", "post_execute", "input_transformers_post",
                      "input_transformers_cleanup", "ast_transformers", "register_magic_function"],
                     "an IPython hook (runs code around cells, the grader's too)"),
-    **dict.fromkeys(["_REGISTRY", "check_function", "_tripwire", "_call", "Verdict", "grade_in_kernel",
+    **dict.fromkeys(["_REGISTRY", "check_function", "_tripwire", "call_safely", "Verdict", "grade_in_kernel",
                      "answer_cases", "_labkit_answer_cases", "_PREDICTION_ANSWERS"], "reaches into labkit's checker"),
     **dict.fromkeys(["exec", "eval", "compile", "__import__", "importlib", "marshal", "pickle", "__builtins__",
                      "builtins", "get_referrers", "get_objects"], "dynamic code or object graph access"),
@@ -41,6 +41,8 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
                     "processes, signals, threads or the network"),
 }
 _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker",
+                    "labkit.exercises.calling": "reaches into labkit's checker",
+                    "labkit.exercises.definitions": "reaches into labkit's checker",
                     "labkit.exercises.deadline": "reaches into labkit's checker",
                     "labkit.instructor": "reaches into labkit's grader", "nbformat": "reads notebooks",
                     "torch._": "a private torch name (a lower-level route to a function)",
