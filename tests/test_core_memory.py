@@ -5,6 +5,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from toys import tiny_llama_config
 from labkit.runtime import cache_bytes, decode_one_token
 from labkit.core.memory import (
     GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, format_bits, kv_bytes_per_token, kv_cache_bytes,
@@ -277,8 +278,7 @@ def test_transformers_llama_cache_matches_formula():
     transformers = pytest.importorskip("transformers")
     import torch
 
-    config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    config = tiny_llama_config()
     spec = ModelSpec.from_config(config, name="tiny-llama")
     model, cache = _forward(transformers.LlamaForCausalLM, config, batch_size=3, n_tokens=7)
     assert cache_bytes(cache) == kv_cache_bytes(spec, 3, 7, "fp32") == 3 * 7 * 2 * 2 * 2 * 16 * 4
