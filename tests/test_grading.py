@@ -17,7 +17,7 @@ import pytest
 import labkit.exercises
 
 from labkit.instructor import classroom, grading, worker
-from labkit.exercises.checking import Case, Exercise
+from labkit.exercises.definitions import Case, Exercise
 from labkit.exercises import exercises
 from labkit.instructor.kernel_limits import Confinement, Limits
 
@@ -306,7 +306,7 @@ def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
 
 def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
     from labkit.exercises import get
-    from labkit.exercises.checking import draw_cases
+    from labkit.exercises.definitions import draw_cases
 
     exercise = get("00.softmax_temperature")
     _, plan, drawn = grading._plan("00", seed=5)

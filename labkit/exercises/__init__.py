@@ -19,7 +19,8 @@ import sys
 from typing import Any
 
 from labkit.exercises import progress
-from labkit.exercises.checking import Exercise, Verdict, check_function
+from labkit.exercises.checking import check_function
+from labkit.exercises.definitions import Exercise, Verdict
 
 _REGISTRY: dict[str, Exercise] = {}
 _LOAD_ERRORS: dict[str, str] = {}  # lab -> "ImportError: ..." for a lab module that could not be imported

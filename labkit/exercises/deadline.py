@@ -10,7 +10,7 @@ Where it stops: one long C call runs to its end; code that resets ``sys.settrace
 recursion that catches ``RecursionError`` and recurses again, can outlast it; on Python 3.10 (no exception
 tables) it is best-effort.
 
-Layer 4 (exercises); used by ``labkit.exercises.checking``.
+Layer 4 (exercises); used by ``labkit.exercises.calling``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 EXACT = hasattr(dis, "_parse_exception_table")  # Python 3.11+: exception tables say where a raise is caught
 # The checker's own files: its frames are never traced or interrupted (it must always finish the check).
 _CHECKER_FILES = frozenset(os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
-                           for name in ("checking.py", "deadline.py"))
+                           for name in ("definitions.py", "calling.py", "checking.py", "deadline.py"))
 
 
 def is_checker_code(code: CodeType) -> bool:
-    """Whether ``code`` belongs to the checker itself (this module or ``checking``)."""
+    """Whether ``code`` belongs to the checker itself (this module, ``definitions``, ``calling`` or ``checking``)."""
     return os.path.normcase(os.path.abspath(code.co_filename)) in _CHECKER_FILES
 
 
@@ -209,7 +209,8 @@ def _send_async(thread_id: int, exception: type[BaseException]) -> None:
     """Raise ``exception`` in another thread at its next bytecode boundary.
 
     Never called with NULL to cancel one: on CPython 3.11 that leaves the interpreter's eval breaker set for good,
-    and signal handlers then re-enter themselves. A stop that arrives late lands in :func:`_call`, which retries.
+    and signal handlers then re-enter themselves. A stop that arrives late lands in
+    :func:`labkit.exercises.calling.call_safely`, which retries.
     """
     try:
         import ctypes

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, choice_prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import apply_temperature, softmax_with_temperature
@@ -236,10 +236,7 @@ def tokenizer_answer() -> str:
     return "b"
 
 
-PREDICT_TOKENIZER = register(prediction(
+PREDICT_TOKENIZER = register(choice_prediction(
     "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
-    tokenizer_answer, choices=tuple(TOKENIZER_CHOICES),
-    asked="why a tokenizer of the same size can still break a run: one of "
-          + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
-    hint='return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id is all '
-         "the model ever sees of the text"))
+    tokenizer_answer, choices=TOKENIZER_CHOICES, question="why a tokenizer of the same size can still break a run",
+    hint="an embedding row is looked up by id, and the id is all the model ever sees of the text"))

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import (

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, choice_prediction, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.loss import cross_entropy, token_surprisal
@@ -503,10 +503,7 @@ def cache_test_answer() -> str:
     return "b"
 
 
-PREDICT_CACHE_TEST = register(prediction(
+PREDICT_CACHE_TEST = register(choice_prediction(
     "02.predict_cache_test", "Predict: the comparison that tests a KV cache", "cache_test_choice", cache_test_answer,
-    choices=tuple(CACHE_TEST_CHOICES),
-    asked="the lesson's retrieve-and-predict question 5: one of "
-          + ", ".join(f'"{key}"' for key in CACHE_TEST_CHOICES),
-    hint='return one lower-case letter as a string, e.g. "a"; once two runs pick different tokens, what are their '
-         "next steps still comparing?"))
+    choices=CACHE_TEST_CHOICES, question="the lesson's retrieve-and-predict question 5",
+    hint="once two runs pick different tokens, what are their next steps still comparing?"))

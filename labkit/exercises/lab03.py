@@ -14,7 +14,7 @@ import torch
 from labkit.core.numerics import N_FROM_FP16, N_TUNED, round_to_format, round_trip_checkpoint
 from labkit.core.quantization import fake_quantize
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 
 
 def _random_matrix(generator: torch.Generator) -> torch.Tensor:

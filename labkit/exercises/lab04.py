@@ -13,7 +13,7 @@ import torch
 
 from labkit.core.quantization import gptq, int8_decomposed_matmul, outlier_channels
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 
 
 # --------------------------------------------------------------------------------------------------------------

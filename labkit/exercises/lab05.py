@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.exercises import register
+from labkit.exercises.random_cases import random_spec
 from labkit.core.memory import GB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
 from labkit.core.paging import EVENT_KINDS, replay_block_events
 from labkit.core.presets import gpu_preset, model_preset
@@ -75,23 +76,11 @@ def reference_largest_batch(spec: ModelSpec, gpu_memory_mib: int, seq_len: int, 
     return int(best)
 
 
-def _random_spec(generator: torch.Generator) -> ModelSpec:
-    def draw(low: int, high: int) -> int:
-        return int(torch.randint(low, high + 1, (1,), generator=generator))
-
-    n_kv_heads, group = draw(1, 8), [1, 2, 4, 8][draw(0, 3)]
-    n_heads = n_kv_heads * group
-    head_dim = [32, 64, 80, 96, 128, 256][draw(0, 5)]
-    d_model = n_heads * head_dim // [1, 1, 2][draw(0, 2)]  # a third of the specs break d_model = n_heads x head_dim
-    return ModelSpec("random", n_layers=draw(1, 96), d_model=max(d_model, 1), n_heads=n_heads,
-                     n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=32000)
-
-
 def _random_batch_case(generator: torch.Generator) -> Case:
     def pick(options: list) -> Any:
         return options[int(torch.randint(0, len(options), (1,), generator=generator))]
 
-    spec = _random_spec(generator)
+    spec = random_spec(generator, head_dims=(32, 64, 80, 96, 128, 256), max_layers=96, uneven_width=True)
     gpu_memory_mib = pick([15_360, 23_034, 24_564, 40_960, 49_140, 81_559, 81_920, 143_771])
     weights = int(torch.randint(0, gpu_memory_mib * MIB * 6 // 5, (1,), generator=generator))  # sometimes too big
     # short contexts too: a chunk then holds several whole sequences

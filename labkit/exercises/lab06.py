@@ -22,7 +22,8 @@ from labkit.core.presets import model_preset
 from labkit.core.spec import ModelSpec
 from labkit.core.timing import EXAMPLE_CPU, ScriptedClock, ScriptedSteps, decode_floor_s, e2e_estimate, request_metrics
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.random_cases import random_spec
 from labkit.runtime.generation import StepCounter
 
 # EXAMPLE_CPU (labkit.core.timing): prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms + 6 ms per
@@ -365,19 +366,8 @@ def reference_decode_floor_ms(spec: ModelSpec, bytes_per_value: float, context_l
     return decode_floor_s(weights + kv, bandwidth_gb_per_s * GB) * 1e3
 
 
-def _random_spec(generator: torch.Generator) -> ModelSpec:
-    def draw(low: int, high: int) -> int:
-        return int(torch.randint(low, high + 1, (1,), generator=generator))
-
-    n_kv_heads, group = draw(1, 8), [1, 2, 4, 8][draw(0, 3)]
-    head_dim = [64, 80, 128][draw(0, 2)]
-    n_heads = n_kv_heads * group
-    return ModelSpec("random", n_layers=draw(1, 80), d_model=n_heads * head_dim, n_heads=n_heads,
-                     n_kv_heads=n_kv_heads, head_dim=head_dim, vocab=32000, n_params=draw(10**7, 10**11))
-
-
 def _random_floor_case(generator: torch.Generator) -> Case:
-    spec = _random_spec(generator)
+    spec = random_spec(generator, head_dims=(64, 80, 128), max_layers=80, with_params=True)
     bytes_per_value = list(_FORMAT)[int(torch.randint(0, 4, (1,), generator=generator))]
     context_len = int(torch.randint(0, 32_769, (1,), generator=generator))
     batch_size = int(torch.randint(1, 65, (1,), generator=generator))

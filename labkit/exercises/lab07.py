@@ -12,7 +12,7 @@ import torch
 
 from labkit.core import speculative as sp
 from labkit.exercises import register
-from labkit.exercises.checking import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.runtime.speculative import PromptLookup
 
 # --------------------------------------------------------------------------------------------------------------

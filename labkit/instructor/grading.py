@@ -129,7 +129,7 @@ def _plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[st
     """The lab's exercises, what the worker gets (per exercise: its seed and the case inputs), and per exercise
     the cases drawn (or the reason labkit could not draw them)."""
     from labkit.exercises import exercises
-    from labkit.exercises.checking import draw_cases
+    from labkit.exercises.definitions import draw_cases
     from labkit.instructor import wire
 
     chosen, plan, drawn = exercises(lab), [], {}
@@ -287,11 +287,12 @@ def _cell_errors(status: dict[str, Any], cell_timeout_s: int) -> list[dict[str, 
 def _judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
     """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
     the error that stopped labkit drawing them."""
-    from labkit.exercises.checking import Verdict, _labkit_error, check_function, code_verdict, prediction_verdict
+    from labkit.exercises.checking import check_function, code_verdict, labkit_error, prediction_verdict
+    from labkit.exercises.definitions import Verdict
 
     answer = answers.get(exercise.id) if isinstance(answers, dict) else None
     if isinstance(cases, BaseException):
-        verdict = _labkit_error(exercise, "labkit could not draw the cases", cases)
+        verdict = labkit_error(exercise, "labkit could not draw the cases", cases)
     elif cases is None:
         verdict = Verdict(exercise, "failed", ("could not be graded: no cases were drawn",))
     elif problem is not None:
@@ -317,7 +318,8 @@ def _judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict
 
 def _outcome(data: Any) -> Any:
     """What one call did, rebuilt from the worker's plain data (anything malformed is an error, never a pass)."""
-    from labkit.exercises.checking import FLOOD_CHARS, Outcome, ReportedError
+    from labkit.exercises.calling import FLOOD_CHARS, Outcome
+    from labkit.exercises.checking import ReportedError
     from labkit.instructor import wire
 
     outcome = Outcome()

@@ -42,7 +42,8 @@ def answer_cases(namespace: dict[str, Any], cases_path: str, answers_path: str) 
     import torch
 
     from labkit.exercises import get
-    from labkit.exercises.checking import Case, _call, _plain
+    from labkit.exercises.calling import call_safely, plain
+    from labkit.exercises.definitions import Case
     from labkit.instructor import wire
 
     plan = json.loads(Path(cases_path).read_text(encoding="utf-8"))
@@ -64,8 +65,8 @@ def answer_cases(namespace: dict[str, Any], cases_path: str, answers_path: str) 
         outcomes = []
         for encoded in item["cases"]:
             args, kwargs = wire.from_plain(encoded, objects=True)
-            outcome = _call(exercise, function, Case(tuple(args), dict(kwargs)))
-            value = _plain(outcome.value) if exercise.kind == "prediction" else outcome.value
+            outcome = call_safely(exercise, function, Case(tuple(args), dict(kwargs)))
+            value = plain(outcome.value) if exercise.kind == "prediction" else outcome.value
             outcomes.append(_outcome_data(outcome, value))
             if outcome.error is not None or outcome.timed_out or outcome.called_forbidden:
                 break
@@ -74,14 +75,14 @@ def answer_cases(namespace: dict[str, Any], cases_path: str, answers_path: str) 
 
 
 def _outcome_data(outcome: Any, value: Any) -> dict[str, Any]:
-    from labkit.exercises.checking import FLOOD_CHARS, _learner_frame
+    from labkit.exercises.calling import FLOOD_CHARS, learner_frame
     from labkit.instructor import wire
 
     data: dict[str, Any] = {"printed": outcome.printed[: FLOOD_CHARS + 1], "timed_out": outcome.timed_out,
                             "forbidden": outcome.called_forbidden, "mutated": outcome.mutated}
     if outcome.error is not None:
         error = outcome.error
-        frame = _learner_frame(error.__traceback__)
+        frame = learner_frame(error.__traceback__)
         data["error"] = [type(error).__name__, (str(error).strip().splitlines() or [""])[0][:500]]
         data["where"] = f"in {frame.name}: {frame.line}" if frame is not None and frame.line else None
     else:

@@ -1,0 +1,277 @@
+"""What an exercise is: its cases, the mistakes it knows, how it is scored, and the verdict a check returns.
+
+An :class:`Exercise` is registered once: the function name the learner defines, the reference it is compared
+with, hand-computed cases (boundaries included), a generator of random cases, tolerances, the labkit helpers the
+learner may call, and the mistakes learners really make, each with the hint that points at it. A prediction (the
+learner's guess, asked before the notebook computes the answer) is an exercise too: :func:`prediction`, and
+:func:`choice_prediction` for a multiple-choice one. A :class:`Verdict` is what a check says: passed, failed, not
+attempted or error. Calling the learner's function is ``labkit.exercises.calling``'s; judging what it answered is
+``labkit.exercises.checking``'s.
+
+Layer 4 (exercises): imports the core, never widgets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of the learner's function: positional and keyword arguments, and what the case is about."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""  # shown when the case fails, e.g. "temperature 0 is greedy"
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A mistake learners make, recognised from the output it produces on a failing case."""
+
+    hint: str  # what to look at, shown when the mistake is recognised
+    wrong: Callable[..., Any]  # a deliberately wrong implementation with the exercise's signature
+
+
+def dotted_name(item: Any) -> str:
+    """The public name a learner would type: ``torch.quantize_per_tensor``, not the private class torch's C
+    functions hang on (``torch._VariableFunctionsClass.quantize_per_tensor``)."""
+    name = getattr(item, "__name__", None)
+    for public in (torch, torch.nn.functional, torch.linalg):
+        if name and getattr(public, name, None) is item:
+            return f"{public.__name__}.{name}"
+    return f"{getattr(item, '__module__', None) or '?'}.{getattr(item, '__qualname__', None) or name}"
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """A graded exercise: what the learner writes and how it is checked.
+
+    Any call into labkit from the learner's function is reported (labkit holds the answers), except ``allowed``:
+    functions, or classes whose methods and properties may all be used (e.g. the ``ModelSpec`` passed in).
+    ``forbidden`` adds torch's ready-made equivalents (``torch.nn.functional.cross_entropy`` in a loss exercise).
+    """
+
+    id: str  # "<lab>.<name>", e.g. "00.softmax_temperature"
+    title: str
+    function: str  # the name the learner's notebook defines
+    reference: Callable[..., Any]  # labkit's implementation, the source of truth
+    hand_cases: tuple[Case, ...]  # computed by hand, boundaries included
+    random_case: Callable[[torch.Generator], Case]  # draws one random case
+    points: int = 1
+    n_random: int = 25
+    rtol: float = 1e-5  # tolerances, also stated in the notebook's task text
+    atol: float = 1e-6
+    hints: tuple[str, ...] = ()  # general hints when no known mistake matches
+    mistakes: tuple[Mistake, ...] = ()
+    allowed: tuple[Any, ...] = ()  # labkit functions (or classes) the learner may call; any other labkit call fails
+    forbidden: tuple[Callable[..., Any], ...] = ()  # torch's ready-made equivalents the learner may not call
+    time_limit_s: float = 5.0  # per call
+    kind: str = "code"  # "code": scored on agreeing with the reference; "prediction": see :func:`prediction`
+    choices: tuple[Any, ...] = ()  # a prediction's possible answers, when it is a choice (a letter, a GPU count)
+    grader_cases: tuple[Case, ...] = ()  # hand cases only ``labkit grade`` runs (the notebook's check does not)
+
+    @property
+    def lab(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    @property
+    def allowed_text(self) -> str:
+        """One sentence for the task text: which labkit helpers the learner may call, and what is reported.
+
+        >>> Exercise("zz.x", "X", "x", abs, (), lambda g: Case(())).allowed_text
+        'No labkit function may be called inside your function: the check reports any call into labkit.'
+        """
+        names = [f"`{dotted_name(item)}`" + (" (its methods and properties)" if isinstance(item, type) else "")
+                 for item in self.allowed]
+        torch_names = [f"`{dotted_name(item)}`" for item in self.forbidden if dotted_name(item).startswith("torch")]
+        ready_made = f"torch's ready-made {_join(torch_names)}" if torch_names else ""
+        if names:
+            also = f", and {ready_made}," if ready_made else ""
+            return f"You may call {_join(names)}; any other labkit function{also} is reported by the check."
+        if ready_made:
+            return (f"Neither labkit's functions nor {ready_made} may be called inside your function: the check "
+                    "reports any such call.")
+        return "No labkit function may be called inside your function: the check reports any call into labkit."
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check, printable as plain text (and as HTML in a notebook)."""
+
+    exercise: Exercise
+    status: str  # "passed", "failed", "not attempted", or "error" (labkit's side could not check the answer)
+    lines: tuple[str, ...]  # the explanation, one line each
+    close: bool | None = None  # a prediction's accuracy (not scored); None for other exercises
+
+    @property
+    def points(self) -> int:
+        return self.exercise.points if self.status == "passed" else 0
+
+    @property
+    def mark(self) -> str:
+        """PASSED, FAILED, ...; a well-formed prediction is ANSWERED (its point is for answering, right or not)."""
+        return "ANSWERED" if self.exercise.kind == "prediction" and self.status == "passed" else _MARKS[self.status]
+
+    def __str__(self) -> str:
+        mark = self.mark
+        head = f"[{mark}] {self.exercise.title} ({self.points}/{self.exercise.points} points)"
+        return "\n".join([head, *(f"  {line}" for line in self.lines)])
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        colour = {"passed": "#1a7f37", "failed": "#cf222e", "not attempted": "#9a6700", "error": "#6e40c9"}[self.status]
+        body = "<br>".join(html.escape(line) for line in self.lines)
+        title = html.escape(f"{self.mark}: {self.exercise.title} ({self.points}/{self.exercise.points})")
+        return (f'<div style="border-left:4px solid {colour};padding:4px 10px;font-family:monospace">'
+                f'<b style="color:{colour}">{title}</b><br>{body}</div>')
+
+
+_MARKS = {"passed": "PASSED", "failed": "FAILED", "not attempted": "NOT ATTEMPTED", "error": "LABKIT ERROR"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A prediction: asked before the notebook computes the answer, scored on the commitment
+#
+# The point is for a well-formed answer (a number where a number is asked, one of the choices where a choice is);
+# the verdict then shows labkit's answer, the distance and a word on it, and how close the prediction came is
+# recorded (``Verdict.close``, the progress file, the gradebook's accuracy column) without changing the score. So
+# reading the answer and editing gains nothing: the point was already earned by answering at all. A malformed
+# answer fails without showing labkit's answer, so a learner can fix the form without seeing it.
+
+
+def _no_random_case(generator: torch.Generator) -> Case:
+    return Case(())
+
+
+def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
+               rtol: float = 0.0, atol: float = 0.0, points: int = 1, choices: tuple[Any, ...] = ()) -> Exercise:
+    """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a prediction.
+
+    It earns its points when it is well-formed (:func:`labkit.exercises.checking.prediction_problem`);
+    ``answer()`` (labkit computing the truth) then decides only whether it was *close*: within rtol/atol for a
+    number, equal otherwise.
+
+    >>> guess = prediction("zz.guess", "Predict: 2 + 2", "predicted_sum", lambda: 4.0, asked="2 + 2", hint="add",
+    ...                    atol=0.5)
+    >>> guess.kind, guess.n_random, guess.hand_cases[0].label, guess.hints
+    ('prediction', 0, '2 + 2', ('add',))
+    """
+    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+                    rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
+                    hints=(hint,), kind="prediction", choices=tuple(choices))
+
+
+def choice_prediction(id: str, title: str, function: str, answer: Callable[[], str], *, choices: dict[str, str],
+                      question: str, hint: str) -> Exercise:
+    """A multiple-choice prediction: ``function()`` returns one lower-case letter, a key of ``choices`` (the
+    letters and their texts, as the notebook shows them). ``hint`` goes on after the hint on the answer's form.
+
+    >>> quiz = choice_prediction("zz.quiz", "Predict: the even one", "even_choice", lambda: "b",
+    ...                          choices={"a": "one", "b": "two"}, question="which is even", hint="halve it")
+    >>> quiz.choices, quiz.hand_cases[0].label
+    (('a', 'b'), 'which is even: one of "a", "b"')
+    >>> quiz.hints
+    ('return one lower-case letter as a string, e.g. "a"; halve it',)
+    """
+    return prediction(id, title, function, answer, choices=tuple(choices),
+                      asked=f"{question}: one of " + ", ".join(f'"{key}"' for key in choices),
+                      hint='return one lower-case letter as a string, e.g. "a"; ' + hint)
+
+
+def single_answer(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
+                  rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> Exercise:
+    """A computed answer (not a prediction): ``function()`` takes no argument and is scored on agreeing with
+    ``answer()`` within rtol/atol, like any code exercise."""
+    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+                    rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
+                    hints=(hint,))
+
+
+def draw_cases(exercise: Exercise, seed: int, extra: tuple[Case, ...] = ()) -> list[Case]:
+    """The hand cases, then ``extra`` (a grader's own hand cases), then ``n_random`` random cases drawn from
+    ``seed``. May raise (labkit's side)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [*exercise.hand_cases, *extra, *(exercise.random_case(generator) for _ in range(exercise.n_random))]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# How close an answer is, in words
+
+
+def is_number(value: Any) -> bool:
+    """A real number, not a bool: what a numeric prediction must be.
+
+    >>> is_number(3), is_number(2.5), is_number(True), is_number("3")
+    (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two values are the same: tensors of one shape and dtype with equal entries (NaN equal to NaN),
+    sequences and dicts item by item, anything else by ``==`` (NaN equal to NaN; by identity when ``==`` breaks).
+
+    >>> same(torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.nan])), same((1, [2.0]), [1, (2.0,)])
+    (True, True)
+    >>> same(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
+    False
+    """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b) or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+    except Exception:  # noqa: BLE001 - objects whose == misbehaves are compared by identity
+        return a is b
+
+
+def tolerance_words(exercise: Exercise) -> str:
+    """How close counts as close, in words.
+
+    >>> tolerance_words(prediction("zz.x", "X", "x", lambda: 1.0, asked="", hint="", rtol=0.5))
+    'within a factor of two'
+    """
+    rtol, atol = exercise.rtol, exercise.atol
+    if rtol == 0.5 and not atol:
+        return "within a factor of two"
+    parts = ([f"within {rtol:.0%}" if rtol >= 0.01 else f"within a relative {rtol:g}"] if rtol else []) + (
+        [f"within ±{atol:.2g}"] if atol else [])
+    return " or ".join(parts) if parts else "exactly"
+
+
+def distance_words(truth: Any, value: Any) -> str:
+    """How far a prediction is from the truth, in words.
+
+    >>> distance_words(162, 120), distance_words(4.0, 12.5), distance_words(5, 6), distance_words("b", "b")
+    ('26% too low', 'off by 3.1x (too high)', '1 too high', 'right')
+    """
+    if hasattr(truth, "distance_words"):
+        return truth.distance_words(value)
+    if not (is_number(truth) and is_number(value)):
+        return "right" if same(truth, value) else "not the answer"
+    if value == truth:
+        return "exactly right"
+    direction = "too high" if value > truth else "too low"
+    if isinstance(truth, int) and float(value).is_integer() and abs(value - truth) <= 3:
+        return f"{abs(int(value) - truth)} {direction}"
+    if truth == 0 or value / truth <= 0:
+        return f"off by {abs(value - truth):.3g} ({direction})"
+    ratio = value / truth
+    if ratio >= 2 or ratio <= 0.5:
+        return f"off by {max(ratio, 1 / ratio):.1f}x ({direction})"
+    return f"{abs(ratio - 1):.0%} {direction}"
