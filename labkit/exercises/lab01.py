@@ -283,26 +283,26 @@ def _nucleus_case(generator: torch.Generator) -> Case:
 
 def _ranked_probs(logits, temperature):
     probs = softmax_with_temperature(logits, temperature)
-    ranked, ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    return probs.gather(-1, ids), ids
+    ranked, token_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    return probs.gather(-1, token_ids), token_ids
 
 
-def _keep_where(logits, temperature, keep_ranked, ids, renormalize=True):
+def _keep_where(logits, temperature, keep_ranked, token_ids, renormalize=True):
     keep_ranked[..., 0] = True
-    keep = keep_ranked.scatter(-1, ids, keep_ranked)
+    keep = keep_ranked.scatter(-1, token_ids, keep_ranked)
     probs = softmax_with_temperature(logits, temperature) * keep
     return probs / probs.sum(-1, keepdim=True) if renormalize else probs
 
 
 def _drops_the_crossing_token(logits, temperature, top_p):
-    ranked, ids = _ranked_probs(logits, temperature)
-    return _keep_where(logits, temperature, ranked.cumsum(-1) <= top_p, ids)
+    ranked, token_ids = _ranked_probs(logits, temperature)
+    return _keep_where(logits, temperature, ranked.cumsum(-1) <= top_p, token_ids)
 
 
 def _keeps_one_past_the_boundary(logits, temperature, top_p):
-    ranked, ids = _ranked_probs(logits, temperature)
+    ranked, token_ids = _ranked_probs(logits, temperature)
     mass_before = ranked.cumsum(-1) - ranked
-    return _keep_where(logits, temperature, mass_before <= top_p, ids)
+    return _keep_where(logits, temperature, mass_before <= top_p, token_ids)
 
 
 def _no_sort(logits, temperature, top_p):
@@ -314,8 +314,8 @@ def _no_sort(logits, temperature, top_p):
 
 def _ascending(logits, temperature, top_p):
     probs = softmax_with_temperature(logits, temperature)
-    ranked, ids = torch.sort(probs, dim=-1, stable=True)
-    return _keep_where(logits, temperature, ranked.cumsum(-1) - ranked < top_p, ids)
+    ranked, token_ids = torch.sort(probs, dim=-1, stable=True)
+    return _keep_where(logits, temperature, ranked.cumsum(-1) - ranked < top_p, token_ids)
 
 
 def _not_renormalized(logits, temperature, top_p):
@@ -338,9 +338,9 @@ def _ties_to_higher_id(logits, temperature, top_p):
 def _unnormalized_mass(logits, temperature, top_p):
     scaled = apply_temperature(logits, temperature)
     weights = scaled.exp()
-    ranked, ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    ranked_weights = weights.gather(-1, ids)
-    return _keep_where(logits, temperature, ranked_weights.cumsum(-1) - ranked_weights < top_p, ids)
+    ranked, token_ids = torch.sort(scaled, dim=-1, descending=True, stable=True)
+    ranked_weights = weights.gather(-1, token_ids)
+    return _keep_where(logits, temperature, ranked_weights.cumsum(-1) - ranked_weights < top_p, token_ids)
 
 
 NUCLEUS = register(
