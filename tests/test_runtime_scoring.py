@@ -17,4 +17,4 @@ def test_next_token_scores_validates():
 def test_next_token_scores_on_the_real_model(embedded):
     scores = next_token_scores(embedded, "Give me a name for a cat.", n_show=5)
     assert len(scores.top_texts) == 5 and scores.next_token_logits.shape == (embedded.spec.vocab,)
-    assert torch.equal(scores.token_ids, embedded.chat_ids("Give me a name for a cat."))
+    assert torch.equal(scores.input_ids, embedded.chat_ids("Give me a name for a cat."))

@@ -217,7 +217,7 @@ class SamplingExplorer(Explorer):
 
     def show_continuations(self) -> None:
         self.continuations.value = "<i>drawing...</i>"
-        texts = draw_continuations(self.lm, self.scores.token_ids, n=4, max_new_tokens=24, seed=self.seed.value,
+        texts = draw_continuations(self.lm, self.scores.input_ids, n=4, max_new_tokens=24, seed=self.seed.value,
                                    **self.settings())
         items = "".join(f"<li><code>{html.escape(text)}</code></li>" for text in texts)
         self.continuations.value = f"<ol style='margin:0'>{items}</ol>"

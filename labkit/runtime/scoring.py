@@ -34,7 +34,7 @@ class NextTokenScores:
     """One prompt's next-token logits and the texts of its top candidates."""
 
     prompt: str
-    token_ids: torch.Tensor  # [1, seq_len] what the model read (chat template applied or raw text)
+    input_ids: torch.Tensor  # [1, seq_len] token ids the model read (chat template applied or raw text)
     next_token_logits: torch.Tensor  # [vocab] float32
     top_ids: tuple[int, ...]  # the first n_show token ids of the ranking (highest logit first, ties by lower id)
     top_texts: tuple[str, ...]  # each decoded on its own
