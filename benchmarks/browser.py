@@ -442,17 +442,14 @@ def resize(page: Any, viewport: tuple[int, int, bool]) -> None:
 # The benchmark
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main(slider_moves: int = 30) -> None:
     reason = missing()
     if reason:
         print(f"browser benchmark skipped: {reason}")
         return
     from playwright.sync_api import sync_playwright
+
+    from labkit.core.timing import percentile
 
     notebooks = [n for n in learner_notebooks() if saved_explorer_outputs(n)]
     print("Explorers in Chromium (JupyterLab, 1280x800): slider/toggle/dropdown event -> new image in the page")
@@ -466,7 +463,7 @@ def main(slider_moves: int = 30) -> None:
                 moves = drive(page, root, slider_moves)
                 latencies = [m.latency_ms for m in moves if m.kind != "button" and m.latency_ms is not None]
                 print(f"{notebook.name:<32} {number:>8} {len(latencies):>6} {statistics.median(latencies):>8.0f}"
-                      f" {percentile(latencies, 0.95):>8.0f} {max(latencies):>8.0f}")
+                      f" {percentile(latencies, 95):>8.0f} {max(latencies):>8.0f}")
             page.close()
         browser.close()
     print("goal: p95 under 150 ms")

@@ -12,11 +12,6 @@ import statistics
 import time
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def _changes(n_changes: int):
     from labkit.explorers.memory import ATTENTION, KV_FORMATS, PREFILL, TP_DEGREES, WEIGHT_FORMATS
 
@@ -33,6 +28,7 @@ def _changes(n_changes: int):
 
 
 def main(n_changes: int = 200) -> None:
+    from labkit.core.timing import percentile
     from labkit.explorers.memory import compute, memory_explorer
 
     box = memory_explorer()
@@ -59,7 +55,7 @@ def main(n_changes: int = 200) -> None:
     print(f"{'':<34} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
     for label, values in [("one update (compute+render+PNG)", update_ms), ("compute() alone", compute_ms),
                           ("figure -> PNG alone (floor)", png_ms)]:
-        print(f"{label:<34} {_percentile(values, 0.5):>8.2f} {_percentile(values, 0.95):>8.2f} {max(values):>8.2f}")
+        print(f"{label:<34} {percentile(values, 50):>8.2f} {percentile(values, 95):>8.2f} {max(values):>8.2f}")
     print(f"update / PNG floor (medians): {statistics.median(update_ms) / statistics.median(png_ms):.2f}")
     print("target: well under 50 ms per change")
 

@@ -11,12 +11,8 @@ import itertools
 import time
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 def main(n_moves: int = 120) -> None:
+    from labkit.core.timing import percentile
     from labkit.explorers.outliers import compute, outlier_explorer
     from labkit.runtime.activations import SOURCES
 
@@ -45,7 +41,7 @@ def main(n_moves: int = 120) -> None:
     print(f"{'':<28} {'p50 ms':>8} {'p95 ms':>8}")
     rows = [(f"move: {name}", values) for name, values in per_control.items()]
     for label, values in [("any move", every), *rows, ("compute() alone", compute_ms)]:
-        print(f"{label:<28} {_percentile(values, 0.5):>8.1f} {_percentile(values, 0.95):>8.1f}")
+        print(f"{label:<28} {percentile(values, 50):>8.1f} {percentile(values, 95):>8.1f}")
 
 
 if __name__ == "__main__":

@@ -30,13 +30,14 @@ MODEL_REPEATS = 3
 
 
 def _decode_comparison(lm, threads: int) -> None:
-    from labkit.core import timing
+    from labkit.core import roofline
+    from labkit.runtime import probes
     from labkit.runtime import timing as measure
 
     ids = lm.text_ids(PROMPT)
-    roof = measure.roofline_probe(threads=threads)
-    decode = timing.step_cost(lm.spec, 1, context_len=ids.shape[1] + NEW_TOKENS // 2)
-    floor_s = timing.decode_floor_s(decode.bytes, roof.bandwidth_bytes_per_s)
+    roof = probes.roofline_probe(threads=threads)
+    decode = roofline.step_cost(lm.spec, 1, context_len=ids.shape[1] + NEW_TOKENS // 2)
+    floor_s = roofline.decode_floor_s(decode.bytes, roof.bandwidth_bytes_per_s)
     print(f"threads {threads}; read bandwidth {roof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
           f"({roof.bandwidth.what}, IQR {roof.bandwidth.iqr_s / roof.bandwidth.median_s:.0%} of the median); "
           f"matmul {roof.peak_flops_per_s / 1e9:.1f} GFLOP/s; ridge {roof.ridge:.1f} FLOPs/byte")
@@ -70,8 +71,8 @@ def _decode_comparison(lm, threads: int) -> None:
           f"({decode.bytes:,} B / bandwidth)")
     print(f"labkit / transformers TPOT: {ours_tpot / theirs_tpot:.2f}; labkit / floor: {ours_tpot / floor_s:.2f}; "
           f"bandwidth utilization: "
-          f"{timing.bandwidth_utilization(decode.bytes, 1 / ours_tpot, roof.bandwidth_bytes_per_s):.0%}")
-    predicted = timing.roofline_time(decode, roof.peak_flops_per_s, roof.bandwidth_bytes_per_s)
+          f"{roofline.bandwidth_utilization(decode.bytes, 1 / ours_tpot, roof.bandwidth_bytes_per_s):.0%}")
+    predicted = roofline.roofline_time(decode, roof.peak_flops_per_s, roof.bandwidth_bytes_per_s)
     print(f"cost model (roofline) decode step {predicted.floor_s * 1e3:.1f} ms vs measured {ours_tpot * 1e3:.1f} ms: "
           f"measured / predicted = {ours_tpot / predicted.floor_s:.2f}")
 
@@ -89,8 +90,8 @@ def _bf16_comparison(lm, threads: int) -> None:
     tpot = {"fp32": [], "bf16": []}
     for run in range(REPEATS):
         for name in (("fp32", "bf16") if run % 2 == 0 else ("bf16", "fp32")):
-            model = lm if name == "fp32" else bf16
-            tpot[name].append(measure.timed_generation(model, ids, NEW_TOKENS, threads=threads).metrics.tpot_s)
+            timed_lm = lm if name == "fp32" else bf16
+            tpot[name].append(measure.timed_generation(timed_lm, ids, NEW_TOKENS, threads=threads).metrics.tpot_s)
     from labkit.runtime.generation import greedy_margins
 
     prompts = [PROMPT, "The capital of France is", "Once upon a time", "Write one sentence about the sea."]
@@ -108,32 +109,32 @@ def _bf16_comparison(lm, threads: int) -> None:
 
 def _latency_model(lm, threads: int) -> None:
     """The notebook's latency model, fitted MODEL_REPEATS times, and its predictions where it was not fitted."""
-    from labkit.core import timing
+    from labkit.core import latency_model
     from labkit.core.texts import load_eval_text, tokenize_sections
     from labkit.explorers.timing import fit_table
-    from labkit.runtime import timing as measure
+    from labkit.runtime import sweeps
 
     texts = ["The capital of France is Paris and", "Once upon a time there was a small dragon",
              "To make bread you need flour, water and"]
-    prompts = measure.same_length_prompts(lm, texts)
+    prompts = sweeps.same_length_prompts(lm, texts)
     text_ids = tokenize_sections(lm.tokenizer, load_eval_text()).token_ids[None, :1 + max(c for _, c in HELD_OUT)]
     fits, ratios = [], {point: [] for point in HELD_OUT}
     for _ in range(MODEL_REPEATS):
-        batches = measure.batching_sweep(lm, prompts, (1, 3), 5, repeats=3, threads=threads)
-        prefill = measure.prefill_sweep(lm, lm.text_ids(" ".join(texts * 3)), (8, 32, 64), repeats=3, threads=threads)
-        sweep = measure.decode_sweep(lm, text_ids, [*FITTED, *HELD_OUT], steps=5, threads=threads)
-        fit = measure.calibrate(prefill, batches, sweep.select(FITTED))
+        batches = sweeps.batching_sweep(lm, prompts, (1, 3), 5, repeats=3, threads=threads)
+        prefill = sweeps.prefill_sweep(lm, lm.text_ids(" ".join(texts * 3)), (8, 32, 64), repeats=3, threads=threads)
+        sweep = sweeps.decode_sweep(lm, text_ids, [*FITTED, *HELD_OUT], steps=5, threads=threads)
+        fit = sweeps.calibrate(prefill, batches, sweep.select(FITTED))
         fits.append(fit)
         for point in HELD_OUT:
             held = sweep.point(*point)
-            predicted = fit.model.decode_step_s(held.batch_size, held.median_context)
-            ratios[point].append(timing.prediction_ratio(predicted, held.median_s))
+            predicted = fit.latency.decode_step_s(held.batch_size, held.median_context)
+            ratios[point].append(latency_model.prediction_ratio(predicted, held.median_s))
     print(f"latency model, fitted {MODEL_REPEATS} times on decode at {sorted({c for _, c in FITTED})} cached tokens, "
           f"batches {sorted({b for b, _ in FITTED})} (5 steps per point); the last fit:")
     print(fit_table(fits[-1]))
     print(f"{'decode coefficient':<22} {'median':>10} {'min':>10} {'max':>10} {'median std. error':>18}  "
           f"(over the fits)")
-    for index, name in enumerate(timing.DECODE_TERMS):
+    for index, name in enumerate(latency_model.DECODE_TERMS):
         scale, unit = (1e6, "us") if name == "per cached token" else (1e3, "ms")
         values = [f.decode.coefficients[index] * scale for f in fits]
         errors = [f.decode.standard_errors[index] * scale for f in fits]
@@ -148,19 +149,20 @@ def _latency_model(lm, threads: int) -> None:
 
 
 def _thread_sweep(lm) -> None:
-    from labkit.runtime import timing as measure
+    from labkit.runtime import sweeps
 
     ids = lm.text_ids(PROMPT)
     counts = sorted({1, 2, torch.get_num_threads()})
     print(f"thread sweep ({ids.shape[1]}-token prompt, 8 new tokens, medians of 3 runs):")
     print(f"{'threads':>8} {'prefill ms':>11} {'decode ms':>10} {'GB/s':>7}")
-    for point in measure.thread_sweep(lm, ids, counts, max_new_tokens=8, repeats=3, quick=False):
+    for point in sweeps.thread_sweep(lm, ids, counts, max_new_tokens=8, repeats=3, quick=False):
         print(f"{point.threads:>8} {point.prefill_s * 1e3:>11.1f} {point.decode_step_s * 1e3:>10.1f} "
               f"{point.bandwidth_bytes_per_s / 1e9:>7.1f}")
 
 
 def _explorer_latency(n_changes: int = 120) -> None:
-    from labkit.core.timing import LatencyModel
+    from labkit.core.latency_model import LatencyModel
+    from labkit.core.timing import percentile
     from labkit.explorers.timing import timing_explorer
 
     explorer = timing_explorer(LatencyModel(0.02, 0.001, 0.06, 0.004, 1e-6))
@@ -172,9 +174,8 @@ def _explorer_latency(n_changes: int = 120) -> None:
         started = time.perf_counter()
         control.value = value
         times_ms.append((time.perf_counter() - started) * 1e3)
-    times_ms.sort()
-    print(f"latency explorer, {n_changes} control changes: p50 {times_ms[len(times_ms) // 2]:.1f} ms, "
-          f"p95 {times_ms[int(0.95 * (len(times_ms) - 1))]:.1f} ms per update (compute + render + PNG)")
+    print(f"latency explorer, {n_changes} control changes: p50 {percentile(times_ms, 50):.1f} ms, "
+          f"p95 {percentile(times_ms, 95):.1f} ms per update (compute + render + PNG)")
 
 
 def main() -> None:

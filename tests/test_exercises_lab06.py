@@ -6,9 +6,10 @@ import statistics
 import pytest
 import torch
 
+from labkit.core.latency_model import EXAMPLE_CPU
 from labkit.core.memory import kv_cache_bytes
 from labkit.core.presets import model_preset
-from labkit.core.timing import EXAMPLE_CPU, ScriptedClock, ScriptedSteps
+from labkit.core.timing import ScriptedClock, ScriptedSteps
 from labkit.exercises import exercises, get, lab06
 from labkit.exercises.checking import check_function
 from labkit.exercises.lab06 import reference_decode_floor_ms, throughput_gain_on_the_example

@@ -1,7 +1,7 @@
 """Real models and GPUs as data: ``data/model_presets.json`` and ``data/gpu_presets.json``, each with a source.
 
-Used by the memory lab (and any lab that wants a real model's shape or a real GPU's bandwidth). The files
-ship inside the package as ``labkit.data`` (read through ``labkit.core.resources``).
+Used by the memory lab (and any lab that wants a real model's shape, a real GPU's bandwidth or its peak FLOP/s).
+The files ship inside the package as ``labkit.data`` (read through ``labkit.core.resources``).
 Names are matched case-insensitively; an unknown name raises ValueError listing the known ones.
 """
 
@@ -14,6 +14,7 @@ from labkit.core.spec import GPUSpec
 from labkit.core.memory import GB, GIB, MIB, BlockLayout
 from labkit.core.resources import load_json
 from labkit.core.spec import ModelSpec
+from labkit.core.validation import fail
 
 _SPEC_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_params", "d_ff",
                 "tied_embeddings")
@@ -105,3 +106,20 @@ def gpu_presets() -> dict[str, GPUSpec]:
     ['A100-40GB', 'A100-80GB', 'H100-SXM']
     """
     return {key: gpu_preset(key) for key in _load("gpu_presets.json")["gpus"]}
+
+
+def gpu_peak_flops(name: str) -> float:
+    """A preset GPU's peak dense 16-bit FLOP/s (its datasheet's tensor-core figure, no 2:4 sparsity).
+
+    Only the GPUs whose entry has ``peak_dense_16bit_tflops`` have one; the entry's
+    ``peak_dense_16bit_tflops_source`` names the datasheet.
+
+    >>> gpu_peak_flops("a100-80gb")
+    312000000000000.0
+    """
+    peaks = {key: entry["peak_dense_16bit_tflops"] * 1e12 for key, entry in _load("gpu_presets.json")["gpus"].items()
+             if "peak_dense_16bit_tflops" in entry}
+    by_lower = {key.lower(): key for key in peaks}
+    if not isinstance(name, str) or name.lower() not in by_lower:
+        raise fail(ValueError if isinstance(name, str) else TypeError, "name", f"one of {sorted(peaks)}", name)
+    return peaks[by_lower[name.lower()]]

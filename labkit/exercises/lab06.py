@@ -17,16 +17,18 @@ import statistics
 
 import torch
 
+from labkit.core.latency_model import EXAMPLE_CPU
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.presets import model_preset
+from labkit.core.roofline import decode_floor_s
 from labkit.core.spec import ModelSpec
-from labkit.core.timing import EXAMPLE_CPU, ScriptedClock, ScriptedSteps, decode_floor_s, e2e_estimate, request_metrics
+from labkit.core.timing import ScriptedClock, ScriptedSteps, e2e_estimate, request_metrics
 from labkit.exercises import register
 from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.exercises.random_cases import random_spec
 from labkit.runtime.generation import StepCounter
 
-# EXAMPLE_CPU (labkit.core.timing): prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms + 6 ms per
+# EXAMPLE_CPU (labkit.core.latency_model): prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms + 6 ms per
 # sequence + 2 us per cached token. The batching predictions ask about 32-token prompts and 16 new tokens.
 PREDICT_PROMPT_LEN, PREDICT_OUTPUT_LEN, PREDICT_BATCH = 32, 16, 8
 

@@ -1,12 +1,12 @@
 """Lab 06's latency explorer, and the lab's other pictures (roofline, cached vs uncached steps, batching).
 
-The explorer turns a :class:`labkit.core.timing.LatencyModel` calibrated from the learner's own measurements into
-predicted TTFT, TPOT, E2E and throughput for any prompt length, output length and batch size, with the measured
-points laid over the curves where they were measured. Given the fit itself (a :class:`~labkit.core.timing.LatencyFit`)
-it also shows where it extrapolates: the batch sizes outside the measured ones are shaded, and the text names every
-prompt length, batch size or context the prediction reads beyond what was measured. The model is fitted once,
-before the widget exists; a slider move runs :func:`compute` (a few dozen multiplications) and :func:`render`
-(lines moved in place).
+The explorer turns a :class:`labkit.core.latency_model.LatencyModel` calibrated from the learner's own
+measurements into predicted TTFT, TPOT, E2E and throughput for any prompt length, output length and batch size,
+with the measured points laid over the curves where they were measured. Given the fit itself (a
+:class:`~labkit.core.latency_model.LatencyFit`) it also shows where it extrapolates: the batch sizes outside the
+measured ones are shaded, and the text names every prompt length, batch size or context the prediction reads
+beyond what was measured. The model is fitted once, before the widget exists; a slider move runs :func:`compute`
+(a few dozen multiplications) and :func:`render` (lines moved in place).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from labkit.core import validation
-from labkit.core.timing import LatencyFit, LatencyModel, LatencyPrediction, attainable_flops_per_s
+from labkit.core.latency_model import LatencyFit, LatencyModel, LatencyPrediction
+from labkit.core.roofline import attainable_flops_per_s
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
@@ -37,7 +38,7 @@ class MeasuredPoint:
 
 
 def points_from_batches(batch_points: Sequence[Any], prompt_len: int, output_len: int) -> tuple[MeasuredPoint, ...]:
-    """MeasuredPoints from ``labkit.runtime.timing.batching_sweep``'s results (read by attribute)."""
+    """MeasuredPoints from ``labkit.runtime.sweeps.batching_sweep``'s results (read by attribute)."""
     return tuple(MeasuredPoint(prompt_len, output_len, p.batch_size, p.ttft_s, p.tpot_s, p.e2e_s, p.tokens_per_s)
                  for p in batch_points)
 
@@ -60,26 +61,26 @@ class TimingView:
     fitted_batches: tuple[int, int] | None = None  # (smallest, largest) batch measured, when a fit was given
 
 
-def compute(model: LatencyModel | LatencyFit, prompt_len: int, output_len: int, batch_size: int = 1,
+def compute(latency: LatencyModel | LatencyFit, prompt_len: int, output_len: int, batch_size: int = 1,
             measured: Sequence[MeasuredPoint] = (), max_batch: int = 16) -> TimingView:
     """Predictions at one setting and along the batch axis, and the measurements that match the setting.
 
-    ``model`` is a LatencyModel, or a LatencyFit (its model, and the range it was measured over).
+    ``latency`` is a LatencyModel, or a LatencyFit (its model, and the range it was measured over).
 
-    >>> model = LatencyModel(0.01, 0.001, 0.05, 0.005, 0.0)
-    >>> view = compute(model, prompt_len=10, output_len=3, batch_size=2, max_batch=4)
+    >>> latency = LatencyModel(0.01, 0.001, 0.05, 0.005, 0.0)
+    >>> view = compute(latency, prompt_len=10, output_len=3, batch_size=2, max_batch=4)
     >>> round(view.prediction.e2e_s, 6)  # TTFT 0.01 + 10 x 2 x 0.001, then 2 steps of 0.05 + 2 x 0.005
     0.15
     >>> [round(x, 1) for x in view.throughput_curve]  # 3b tokens / (0.11 + 0.02 b) s
     [23.1, 40.0, 52.9, 63.2]
     """
-    validation.instance("model", model, (LatencyModel, LatencyFit),
-                        "a labkit.core.timing.LatencyModel or LatencyFit")
-    fit = model if isinstance(model, LatencyFit) else None
-    model = fit.model if fit is not None else model
+    validation.instance("latency", latency, (LatencyModel, LatencyFit),
+                        "a labkit.core.latency_model.LatencyModel or LatencyFit")
+    fit = latency if isinstance(latency, LatencyFit) else None
+    latency = fit.latency if fit is not None else latency
     max_batch = validation.integer("max_batch", max_batch, min=1)
     batch_size = validation.integer("batch_size", batch_size, min=1, max=max_batch)
-    predictions = [model.predict(prompt_len, output_len, b) for b in range(1, max_batch + 1)]
+    predictions = [latency.predict(prompt_len, output_len, b) for b in range(1, max_batch + 1)]
     matching = tuple(p for p in measured if (p.prompt_len, p.output_len) == (prompt_len, output_len))
     return TimingView(
         prompt_len, output_len, batch_size, predictions[batch_size - 1], tuple(range(1, max_batch + 1)),
@@ -107,7 +108,7 @@ def _coefficient(name: str, value: float, error: float, identifiable: bool) -> s
 def fit_table(fit: LatencyFit) -> str:
     """A calibrated fit as text: every coefficient with its standard error, and the range it was measured over.
 
-    >>> from labkit.core.timing import fit_latency
+    >>> from labkit.core.latency_model import fit_latency
     >>> print(fit_table(fit_latency([(8, 1, 0.11), (64, 1, 0.18), (512, 1, 0.76)], [(1, 9, 0.07), (3, 9, 0.08)])))
     prefill (3 points, 8 to 512 prompt tokens):
       fixed                99.23 ms  ± 1.03
@@ -117,7 +118,7 @@ def fit_table(fit: LatencyFit) -> str:
       per sequence          5.00 ms  ± inf (not identifiable from these points)
       per cached token      0.00 µs  ± inf (not identifiable from these points)
     """
-    validation.instance("fit", fit, LatencyFit, "a labkit.core.timing.LatencyFit")
+    validation.instance("fit", fit, LatencyFit, "a labkit.core.latency_model.LatencyFit")
     rows = []
     for label, part, where in [
         ("prefill", fit.prefill, f"{fit.prefill_tokens[0]:,} to {fit.prefill_tokens[1]:,} prompt tokens"),
@@ -228,11 +229,11 @@ class TimingExplorer(Explorer):
 
     title = "latency explorer"
 
-    def __init__(self, model: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+    def __init__(self, latency: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
                  output_len: int = 16, max_batch: int = 16):
         import ipywidgets as widgets
 
-        self.model, self.measured, self.max_batch = model, tuple(measured), max_batch
+        self.latency, self.measured, self.max_batch = latency, tuple(measured), max_batch
         style = layout.description_style(96)
         self.controls = {
             "prompt_len": widgets.IntSlider(value=prompt_len, min=1, max=1024, description="prompt tokens",
@@ -243,7 +244,7 @@ class TimingExplorer(Explorer):
                                             layout=layout.full_width()),
         }
         self.text = layout.html_block()
-        self.figure = TimingFigure(max_batch, fitted_batches=model.batch_sizes if isinstance(model, LatencyFit)
+        self.figure = TimingFigure(max_batch, fitted_batches=latency.batch_sizes if isinstance(latency, LatencyFit)
                                    else None)
         self.canvas = self.figure.canvas
         for control in self.controls.values():
@@ -258,15 +259,15 @@ class TimingExplorer(Explorer):
 
     def update(self, change: Any = None) -> None:
         values = {name: control.value for name, control in self.controls.items()}
-        view = compute(self.model, measured=self.measured, max_batch=self.max_batch, **values)
+        view = compute(self.latency, measured=self.measured, max_batch=self.max_batch, **values)
         render(self.figure, view)
         self.text.value = summary_html(view)
 
 
-def timing_explorer(model: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
+def timing_explorer(latency: LatencyModel | LatencyFit, measured: Sequence[MeasuredPoint] = (), prompt_len: int = 32,
                     output_len: int = 16, max_batch: int = 16) -> TimingExplorer:
     """The lab 06 explorer (leave it last in a cell to show it); a LatencyFit also marks where it extrapolates."""
-    return TimingExplorer(model, measured, prompt_len, output_len, max_batch)
+    return TimingExplorer(latency, measured, prompt_len, output_len, max_batch)
 
 
 # ---------------------------------------------------------------------------------------------------------------
