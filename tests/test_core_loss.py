@@ -1,4 +1,4 @@
-"""labkit.core.loss and labkit.core.texts: hand cases, properties, and agreement with torch and transformers."""
+"""labkit.core.loss: hand cases, properties, and agreement with torch and transformers."""
 
 import math
 
@@ -12,10 +12,7 @@ from labkit.core.course import lesson_logits
 from labkit.core.loss import (align_next_token, cross_entropy, perplexity, perplexity_from_nll, score_windows,
                          token_surprisal, truncated_log_probs)
 from labkit.runtime import full_logits
-from labkit.runtime.scoring import score_text
-from labkit.core.resources import data_path
 from labkit.core.sampling import sampling_probs
-from labkit.core.texts import load_eval_text, parse_sections, tokenize_sections
 
 LOG_8421 = lesson_logits(torch.float64)
 
@@ -120,47 +117,12 @@ def test_truncated_log_probs_follow_sampling_probs():
     assert truncated_log_probs(LOG_8421[None], torch.tensor([1]), top_p=0.75).item() == pytest.approx(math.log(4 / 12))
 
 
-# --- the evaluation text ---------------------------------------------------------------------------------------
-
-def test_sections_parse_and_skip_the_header():
-    sections = parse_sections("<!-- note -->\n# T\n\n## story: A\n\nOne.\n\nTwo.\n\n## code: B\nx = 1\n")
-    assert [(s.genre, s.title, s.text) for s in sections] == [("story", "A", "One.\n\nTwo."), ("code", "B", "x = 1")]
-    with pytest.raises(ValueError):
-        parse_sections("no headings")
-
-
-def test_eval_text_has_seven_genres_and_over_2000_tokens(embedded):
-    text = tokenize_sections(embedded.tokenizer, load_eval_text())
-    assert len(text.spans) >= 7 and text.n_tokens >= 2000
-    starts_ends = list(text.spans.values())
-    assert starts_ends[0][0] == 0 and starts_ends[-1][1] == text.n_tokens
-    assert all(a[1] == b[0] for a, b in zip(starts_ends, starts_ends[1:]))  # contiguous, no gap
-    assert "written for this project" in data_path("eval_text.md").read_text(encoding="utf-8").lower()
-
-
 # --- the embedded model ----------------------------------------------------------------------------------------
 
 def test_agrees_with_the_loss_transformers_returns(embedded):
-    ids = embedded.text_ids("The tide comes in twice a day, pulled by the Moon.")
+    token_ids = embedded.text_ids("The tide comes in twice a day, pulled by the Moon.")  # [1, seq_len]
     with torch.inference_mode():
-        reference = embedded.model(ids, labels=ids).loss  # transformers' own shift-and-average, the independent check
-    loss = cross_entropy(*align_next_token(full_logits(embedded, ids), ids))
+        # transformers' own shift-and-average, the independent check
+        reference = embedded.model(token_ids, labels=token_ids).loss
+    loss = cross_entropy(*align_next_token(full_logits(embedded, token_ids), token_ids))
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
-
-
-def test_windowed_scores_match_one_full_pass(embedded):
-    ids = embedded.text_ids("Rinse the lentils, then warm the oil and soften the onion for ten minutes.")[0]
-    full = token_surprisal(*align_next_token(full_logits(embedded, ids[None])[0], ids))
-    # A window as long as the text is exactly one full pass; shorter windows see less context.
-    whole = score_text(embedded, ids, window=len(ids), progress=False, temperatures=(1.0, 2.0),
-                       truncations={"top-k 1": dict(top_k=1)})
-    assert torch.allclose(whole.surprisal_nats[1:], full, atol=1e-4)
-    assert torch.allclose(whole.surprisal_at[1.0], whole.surprisal_nats, equal_nan=True)
-    assert math.isnan(whole.surprisal_nats[0]) and whole.rank[0] == -1
-    # top-k 1 keeps only the model's first choice: every other target becomes impossible.
-    cut = whole.truncated_log_probs["top-k 1"][1:] == -math.inf
-    assert torch.equal(cut, whole.rank[1:] > 0)
-    windowed = score_text(embedded, ids, window=6, stride=3, progress=False)
-    assert windowed.surprisal_nats[1:6].tolist() == pytest.approx(full[:5].tolist(), abs=1e-4)
-    # two passes of different lengths: they agree within float32 rounding (as the surprisals above), not bit for bit
-    assert whole.perplexity() == pytest.approx(math.exp(full.double().mean().item()), rel=1e-4)
