@@ -1,8 +1,10 @@
-"""labkit.runtime.models: the embedded model, its verified cache, and the hub path (tested offline)."""
+"""labkit.runtime.models: the known models, the embedded model as loaded, and the hub path (tested offline).
 
-import json
+The cache's repair logic is tested on a synthetic checkpoint in tests/test_runtime_weights_cache.py; the one test
+on the real cache is here.
+"""
+
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -10,8 +12,9 @@ import textwrap
 import pytest
 import torch
 
-from labkit.runtime import models
-from labkit.runtime.models import ModelUnavailableError, cache_problem, known_models, load_model
+from toys import tiny_tokenizer
+from labkit.runtime import models, weights_cache
+from labkit.runtime.models import ModelUnavailableError, known_models, load_model
 
 
 def test_known_models_are_data_with_provenance():
@@ -86,130 +89,21 @@ def test_a_private_copy_leaves_the_shared_model_pristine(embedded):
     assert torch.equal(embedded.model.model.layers[0].mlp.down_proj.weight, before)
 
 
-@pytest.fixture(scope="module")
-def direct_gguf_model():
-    """The embedded model dequantized straight from its GGUF file in this run (the slow step, done once here)."""
-    return models.dequantize_gguf(models.gguf_path(known_models()["smollm2-135m"]))
-
-
-def test_cached_weights_equal_a_direct_gguf_load(embedded, direct_gguf_model):
-    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
-    cached = embedded.model.state_dict()
-    for name, tensor in direct_gguf_model.state_dict().items():
-        assert torch.equal(tensor, cached[name]), name
-
-
-@pytest.fixture
-def cache_copy(tmp_path, monkeypatch, embedded):
-    """A private copy of the real cache under a fresh LABKIT_CACHE, so tests can damage it."""
-    source = known_models()["smollm2-135m"]
-    original = models.cache_dir(source)
-    monkeypatch.setenv("LABKIT_CACHE", str(tmp_path))
-    shutil.copytree(original, models.cache_dir(source))
-    return source, models.cache_dir(source), models._expected_manifest_header(source)
-
-
-def test_intact_cache_passes_verification(cache_copy):
-    source, directory, header = cache_copy
-    assert cache_problem(directory, header) is None
-
-
-def test_corrupted_byte_is_detected(cache_copy):
-    _, directory, header = cache_copy
-    with open(directory / "model.safetensors", "r+b") as handle:
-        handle.seek(100_000_000)
-        byte = handle.read(1)
-        handle.seek(100_000_000)
-        handle.write(bytes([byte[0] ^ 0xFF]))
-    assert "does not match its checksum" in cache_problem(directory, header)
-
-
-def test_truncation_missing_manifest_and_version_change_are_detected(cache_copy):
-    _, directory, header = cache_copy
-    assert f"made with transformers='{header['transformers']}', this is '0.0.1'" in cache_problem(
-        directory, {**header, "transformers": "0.0.1"})
-    later = header["cache_format"] + 1
-    assert f"made with cache_format={later - 1}, this is {later}" in cache_problem(directory, {**header, "cache_format": later})
-    _truncate(directory / "tokenizer.json")
-    assert "truncated" in cache_problem(directory, header)
-    (directory / "manifest.json").unlink()
-    assert "no manifest" in cache_problem(directory, header)
-
-
-def _truncate(path):
-    size = path.stat().st_size
-    with open(path, "r+b") as handle:
-        handle.truncate(size // 2)
-    return True
-
-
-def test_killed_conversion_leaves_no_half_cache_then_a_damaged_cache_is_rebuilt(cache_copy, monkeypatch, capsys,
-                                                                                direct_gguf_model):
-    source, directory, _ = cache_copy
-    # Both conversions below dequantize through the model this run already read from the GGUF file (the test above
-    # checks that step); everything after it (writing, checksums, the atomic rename, reloading) runs for real.
-    monkeypatch.setattr(models, "dequantize_gguf", lambda gguf: direct_gguf_model)
-    _truncate(directory / "model.safetensors")
-    before = sorted(p.name for p in directory.parent.iterdir())
-
-    import safetensors.torch
-
-    real_save = safetensors.torch.save_file
-
-    def save_then_die(model, filename, *args, **kwargs):
-        with open(filename, "wb") as handle:
-            handle.write(b"half a file")
-        raise KeyboardInterrupt  # what a learner pressing stop looks like
-
-    monkeypatch.setattr(safetensors.torch, "save_file", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        load_model(reuse=False, progress=False)
-    # No staging directory is left, and the old (damaged) cache was not replaced by a half-written one.
-    assert sorted(p.name for p in directory.parent.iterdir()) == before
-    assert "manifest.json" in os.listdir(directory)
-
-    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
-    rebuilt = load_model(reuse=False, progress=False)
-    assert rebuilt.origin == "converted"
-    assert "Rebuilding the model cache" in capsys.readouterr().out
-    assert "truncated" in rebuilt.notes[0]
-    assert "Paris" in rebuilt.chat("What is the capital of France?")
-    again = load_model(reuse=False, progress=False)
-    assert again.origin == "cache" and again.notes == []
-
-
-def test_cache_file_is_readable_by_every_transformers_version(cache_copy):
-    # transformers 4.x needs the "format" metadata and the tied matrix under the embedding's own name.
+def test_the_real_cache_is_intact_readable_and_equal_to_a_direct_gguf_load(embedded):
+    # The one test on the real cache (the slow step: transformers dequantizes the whole GGUF file, about 30 s).
     from safetensors import safe_open
 
-    _, directory, _ = cache_copy
+    source = known_models()["smollm2-135m"]
+    directory, gguf = weights_cache.cache_dir(source), models.gguf_path(source)
+    assert weights_cache.cache_problem(directory, weights_cache.expected_header(source, gguf)) is None
     with safe_open(str(directory / "model.safetensors"), framework="pt") as handle:
         assert handle.metadata() == {"format": "pt"}
         names = set(handle.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
-
-
-def test_a_cache_that_passes_its_manifest_but_does_not_load_is_rebuilt(cache_copy, monkeypatch, capsys,
-                                                                        direct_gguf_model):
-    # A weight missing from the file (as a format-1 cache was for transformers 4.x: its embedding was stored only
-    # under lm_head.weight); the manifest's checksums match, since they were made from the same file.
-    import safetensors.torch
-
-    _, directory, _ = cache_copy
-    path = directory / "model.safetensors"
-    state = safetensors.torch.load_file(str(path))
-    del state["model.layers.0.mlp.down_proj.weight"]
-    safetensors.torch.save_file(state, str(path), metadata={"format": "pt"})
-    manifest = json.loads((directory / "manifest.json").read_text())
-    manifest["files"]["model.safetensors"] = {"bytes": path.stat().st_size, "blake2b": models._digest(path)}
-    (directory / "manifest.json").write_text(json.dumps(manifest))
-    assert cache_problem(directory, manifest["header"]) is None  # the manifest alone cannot tell
-
-    monkeypatch.setattr(models, "dequantize_gguf", lambda gguf: direct_gguf_model)
-    rebuilt = load_model(reuse=False, progress=False)
-    assert rebuilt.origin == "converted"
-    assert "did not load" in capsys.readouterr().out
-    assert "Paris" in rebuilt.chat("What is the capital of France?")
+    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
+    cached = embedded.model.state_dict()
+    for name, tensor in weights_cache.dequantize_gguf(gguf).state_dict().items():
+        assert torch.equal(tensor, cached[name]), name
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
@@ -231,18 +125,14 @@ def _run(code, env_extra, timeout=120):
 
 def _make_tiny_neox_snapshot(hub_cache):
     """A tiny random GPT-NeoX checkpoint laid out as the hub cache stores Pythia-14M at its pinned revision."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedTokenizerFast
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     snapshot = hub_cache / "models--EleutherAI--pythia-14m" / "snapshots" / PYTHIA_REVISION
     snapshot.mkdir(parents=True)
-    words = ["<unk>", "<|endoftext|>", "the", "cat", "sat", "on", "mat"]
-    backend = Tokenizer(tok_models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<|endoftext|>")
+    tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(snapshot)
     torch.manual_seed(0)
-    config = GPTNeoXConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    config = GPTNeoXConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                            intermediate_size=32, max_position_embeddings=64)
     GPTNeoXForCausalLM(config).save_pretrained(snapshot, safe_serialization=True)
     (hub_cache / "models--EleutherAI--pythia-14m" / "refs").mkdir()

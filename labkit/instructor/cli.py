@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         size = sum(p.stat().st_size for p in models.rglob("*") if p.is_file()) if models.exists() else 0
         print(f"model cache: {models} ({size / 2**20:,.0f} MiB)")
     elif args.command == "clear-cache":
-        from labkit.runtime.models import clear_cache
+        from labkit.runtime.weights_cache import clear_cache
 
         print(f"removed {clear_cache()}")
     return 0

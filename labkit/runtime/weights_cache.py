@@ -1,0 +1,260 @@
+"""The verified on-disk cache of a packaged model's weights (layer 2, runtime): written once, checked on every load.
+
+The embedded model ships as a Q4_1 GGUF file. transformers can read that file directly, but it dequantizes every
+tensor on every load (about 20-30 s here). So the first load converts once to safetensors under ``cache_root()``
+and later loads memory-map that (well under a second, plus a checksum pass).
+
+The cache is trusted only when its manifest matches: same cache format, labkit and transformers versions, the
+same source package, and every file's size and BLAKE2b digest. Anything else (a killed conversion, a truncated
+or edited file, an upgrade) is reported and rebuilt, never loaded. The conversion is written to a temporary
+directory and moved into place only when complete, so an interrupted run leaves no half cache.
+
+Where a model comes from (the package, the hub, ``data/models.json``) is ``labkit.runtime.models``; this module
+only converts, verifies, repairs and clears. Used through ``load_model()`` by every lab that runs the embedded model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from labkit.core.resources import cache_root
+
+if TYPE_CHECKING:
+    from labkit.runtime.models import ModelSource
+
+# Bump when the cache layout changes; older caches are rebuilt. 2: safetensors "format" metadata and the tied
+# embedding stored under its embedding name (transformers 4.x refused format 1 or left the matrix on "meta").
+CACHE_FORMAT = 2
+MANIFEST = "manifest.json"
+
+
+def cache_dir(source: ModelSource) -> Path:
+    """Directory holding the converted cache of a packaged model."""
+    return cache_root() / "models" / source.name
+
+
+def expected_header(source: ModelSource, gguf: Path) -> dict[str, Any]:
+    """What a cache's manifest must record to be trusted: format, versions, and the GGUF file it came from."""
+    import transformers
+
+    from labkit import __version__
+
+    return {
+        "cache_format": CACHE_FORMAT,
+        "labkit": __version__,
+        "transformers": transformers.__version__,
+        "source_package": f"{source.package}=={importlib.metadata.version(source.package)}",
+        "source_file": source.filename,
+        "source_bytes": gguf.stat().st_size,
+    }
+
+
+def _digest(path: Path) -> str:
+    # BLAKE2b: the fastest cryptographic hash in the standard library here (about 0.6 s for the 538 MB file).
+    hasher = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(16 * 2**20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def cache_problem(directory: Path, expected_header: dict[str, Any]) -> str | None:
+    """Why a cache directory must not be loaded, or None when it is complete and intact."""
+    manifest_path = directory / MANIFEST
+    if not directory.exists():
+        return "no cache yet"
+    if not manifest_path.is_file():
+        return "the cache has no manifest (an interrupted conversion?)"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        header, files = manifest["header"], manifest["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        return f"the cache manifest is unreadable ({error})"
+    for key, value in expected_header.items():
+        if header.get(key) != value:
+            return f"the cache was made with {key}={header.get(key)!r}, this is {value!r}"
+    for name, recorded in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"cache file {name} is missing"
+        if path.stat().st_size != recorded["bytes"]:
+            return f"cache file {name} has {path.stat().st_size:,} bytes, expected {recorded['bytes']:,} (truncated?)"
+        if _digest(path) != recorded["blake2b"]:
+            return f"cache file {name} does not match its checksum (corrupted)"
+    return None
+
+
+def gguf_tokenizer(gguf: Path):
+    """The tokenizer stored in a GGUF file, as transformers reads it."""
+    import transformers
+
+    with quiet_transformers():
+        return transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+
+
+def dequantize_gguf(gguf: Path):
+    """The module of a GGUF file with every weight dequantized to FP32, as transformers reads it (the slow step)."""
+    import transformers
+
+    with quiet_transformers():
+        return transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+
+
+def _weights_to_save(module) -> dict:
+    """The state dict to write: a tied output matrix is stored once, under the embedding's name.
+
+    transformers re-ties ``lm_head.weight`` to the embedding on load; a file that holds the matrix only under
+    ``lm_head.weight`` (what safetensors' ``save_model`` picks) leaves the embedding unloaded in transformers 4.x.
+    """
+    state = dict(module.state_dict())
+    embedding = module.get_input_embeddings()
+    embedding_name = next(f"{name}.weight" for name, child in module.named_modules() if child is embedding)
+    shared = embedding.weight.data_ptr()  # state_dict() gives new tensor objects: compare storage, not identity
+    return {name: tensor.contiguous() for name, tensor in state.items()
+            if name == embedding_name or tensor.data_ptr() != shared}
+
+
+def _convert_to_cache(source: ModelSource, gguf: Path, header: dict[str, Any], progress: bool) -> None:
+    """Dequantize the GGUF once and write config, tokenizer and safetensors weights atomically."""
+    import safetensors.torch
+    from tqdm.auto import tqdm
+
+    target = cache_dir(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    steps = tqdm(total=4, desc=f"Converting {source.title} (once)", disable=not progress, unit="step")
+    # Build beside the target so the final rename stays on one filesystem (rename is atomic there).
+    staging = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=target.parent))
+    try:
+        steps.set_postfix_str("reading tokenizer")
+        tokenizer = gguf_tokenizer(gguf)
+        steps.update()
+        steps.set_postfix_str("dequantizing weights")
+        module = dequantize_gguf(gguf)
+        steps.update()
+        steps.set_postfix_str("writing safetensors")
+        config = module.config.to_dict()
+        config.pop("quantization_config", None)  # the cache holds plain FP32 tensors, not a GGUF-quantized model
+        (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        # "format": "pt" is the metadata transformers 4.x demands of a safetensors file.
+        safetensors.torch.save_file(_weights_to_save(module), str(staging / "model.safetensors"),
+                                    metadata={"format": "pt"})
+        tokenizer.save_pretrained(staging)
+        steps.update()
+        steps.set_postfix_str("checksums")
+        files = {
+            path.name: {"bytes": path.stat().st_size, "blake2b": _digest(path)}
+            for path in sorted(staging.iterdir())
+            if path.is_file()
+        }
+        # The manifest is written last: a directory without one is never trusted.
+        (staging / MANIFEST).write_text(json.dumps({"header": header, "files": files}, indent=2), encoding="utf-8")
+        steps.update()
+        _replace_dir(staging, target)
+    finally:
+        steps.close()
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Put ``new`` at ``target``; a reader sees the old complete directory, nothing, or the new one."""
+    if target.exists():
+        trash = target.with_name(f".{target.name}-old-{uuid.uuid4().hex[:8]}")
+        os.replace(target, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(new, target)
+
+
+def load_verified(source: ModelSource, gguf: Path, progress: bool):
+    """``(module, tokenizer, origin, notes)`` of a packaged model from its cache, converting or repairing it first.
+
+    ``origin`` is "cache", or "converted" when the cache was (re)written by this call; ``notes`` says why it was
+    rebuilt (each note is printed too). A cache that passes its manifest but does not load is rebuilt once.
+    """
+    header = expected_header(source, gguf)
+    directory = cache_dir(source)
+    notes: list[str] = []
+    problem = cache_problem(directory, header)
+    origin = "cache"
+    if problem is not None:
+        if directory.exists():
+            notes.append(f"Rebuilding the model cache at {directory}: {problem}.")
+            print(notes[-1])
+        _convert_to_cache(source, gguf, header, progress)
+        origin = "converted"
+    try:
+        module, tokenizer = _load_cache(directory)
+    except Exception as error:  # noqa: BLE001 - a cache that passes its manifest but does not load is rebuilt once
+        if origin == "converted":
+            raise
+        notes.append(f"Rebuilding the model cache at {directory}: it did not load ({type(error).__name__}: "
+                     f"{str(error).splitlines()[0] if str(error) else ''}).")
+        print(notes[-1])
+        _convert_to_cache(source, gguf, header, progress)
+        module, tokenizer = _load_cache(directory)
+        origin = "converted"
+    return module, tokenizer, origin, notes
+
+
+def _load_cache(directory: Path):
+    """Module and tokenizer from a verified cache directory; an error when any parameter was left unloaded."""
+    import transformers
+
+    with quiet_transformers():
+        module, info = transformers.AutoModelForCausalLM.from_pretrained(directory, local_files_only=True,
+                                                                         output_loading_info=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    # A weight missing from the file is left on "meta" (transformers 4.x) or initialized at random (5.x).
+    unloaded = sorted(set(info.get("missing_keys", ())) | {
+        name for name, parameter in module.named_parameters() if parameter.device.type == "meta"})
+    if unloaded:
+        raise RuntimeError(f"{len(unloaded)} weights were not loaded from the cache file, e.g. {unloaded[0]}")
+    return module, tokenizer
+
+
+class quiet_transformers:
+    """Silence transformers' logging and progress bars inside a block (the GGUF path warns about things we handle).
+
+    transformers 4.x draws its GGUF progress bar with tqdm directly, ignoring its own progress-bar switch; that
+    module's ``tqdm`` is replaced by a pass-through for the block (labkit shows its own bar of the conversion).
+    Also used by ``labkit.runtime.models`` around hub loads.
+    """
+
+    def __enter__(self):
+        import transformers
+
+        self._level = transformers.logging.get_verbosity()
+        self._bars = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        try:
+            self._gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        except ImportError:
+            self._gguf = None
+        self._tqdm = getattr(self._gguf, "tqdm", None)
+        if self._tqdm is not None:
+            self._gguf.tqdm = lambda iterable=None, *args, **kwargs: iterable
+
+    def __exit__(self, *exc):
+        import transformers
+
+        transformers.logging.set_verbosity(self._level)
+        if self._bars:
+            transformers.utils.logging.enable_progress_bar()
+        if self._tqdm is not None:
+            self._gguf.tqdm = self._tqdm
+
+
+def clear_cache() -> Path:
+    """Delete labkit's model caches; the next load_model() converts again. Returns the removed directory."""
+    directory = cache_root() / "models"
+    shutil.rmtree(directory, ignore_errors=True)
+    return directory
