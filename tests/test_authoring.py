@@ -137,7 +137,7 @@ def test_every_notebook_names_its_own_lab_for_the_grader():
 
 
 def test_every_notebook_starts_with_the_one_colab_cell():
-    from labkit.core.course import colab_cell_source
+    from labkit.instructor.authoring import colab_cell_source
 
     for path in [*SOLUTIONS, *(ROOT / "notebooks" / p.name for p in SOLUTIONS)]:
         first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
