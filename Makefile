@@ -74,7 +74,7 @@ COLAB_VENV := .venv-colab
 COLAB_PY := $(COLAB_VENV)/bin/python
 COLAB_JOBS ?= 2
 # Its own model cache: a cache records the transformers that wrote it, so sharing the user's would make each
-# environment rebuild it for the other (and tests/test_models.py copies the real cache).
+# environment rebuild it for the other (and tests/test_runtime_models.py checks the real cache against it).
 COLAB_RUN := cd build/colab && OMP_NUM_THREADS=1 LABKIT_CACHE=$(CURDIR)/$(COLAB_VENV)/labkit-cache \
   ../../$(COLAB_VENV)/bin/pytest -p no:cacheprovider -q -n $(COLAB_JOBS) --rootdir ../.. -c ../../pyproject.toml
 $(COLAB_VENV)/.colab-stack: tests/colab-pins.txt
