@@ -14,8 +14,8 @@ from labkit.core.presets import model_preset
 
 def _prefill(embedded, batch_size, n_tokens, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, embedded.spec.vocab, (batch_size, n_tokens), generator=generator)  # [batch, seq]
-    return ids, prefill(embedded, ids).cache
+    token_ids = torch.randint(0, embedded.spec.vocab, (batch_size, n_tokens), generator=generator)  # [batch, seq_len]
+    return token_ids, prefill(embedded, token_ids).cache
 
 
 @pytest.mark.parametrize("batch_size,n_tokens", [(1, 1), (1, 17), (2, 64), (3, 5), (4, 128)])
@@ -36,9 +36,9 @@ def test_every_layer_holds_keys_and_values_of_the_kv_heads_only(embedded):
 
 
 def test_each_decode_step_adds_one_token_per_sequence(embedded):
-    ids, cache = _prefill(embedded, 2, 10)
+    token_ids, cache = _prefill(embedded, 2, 10)
     for step in range(1, 4):
-        cache = decode_one_token(embedded, ids[:, -1:], cache).cache
+        cache = decode_one_token(embedded, token_ids[:, -1:], cache).cache
         assert cache_bytes(cache) == kv_cache_bytes(embedded.spec, 2, 10 + step, "fp32")
 
 
