@@ -427,7 +427,7 @@ def kept_mass(logits: torch.Tensor, filtered_logits: torch.Tensor) -> torch.Tens
 
 
 # Two paths that compute the same logits in another order (a copy of the weights, a cache, a batch, another CPU)
-# differ in the last float32 bits: on the embedded model by under 1e-3 in a logit (tests/test_runtime.py). A
+# differ in the last float32 bits: on the embedded model by under 1e-3 in a logit (tests/test_runtime_forward.py). A
 # greedy choice made with a margin at least ten times that cannot flip between them.
 CLEAR_MARGIN = 1e-2
 
