@@ -326,3 +326,27 @@ def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
         == "passed"
     graded = {r["id"]: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
     assert graded["status"] == "failed" and "masked tokens" in graded["details"][0]
+
+
+@pytest.mark.skipif(__import__("labkit.instructor.sandbox", fromlist=["x"]).isolation_problem() is not None,
+                    reason="no bubblewrap here (make setup installs it as root)")
+def test_the_wall_shows_what_it_binds_even_below_tmp_and_nothing_else(tmp_path):
+    """CI clones the repository under /tmp: the environment bound from there must not vanish under the wall's own
+    /tmp; the folder beside it (a class folder, the output) must not be there at all."""
+    from labkit.instructor import sandbox
+
+    shown, hidden, job = tmp_path / "environment", tmp_path / "class", tmp_path / "job"
+    for folder in (shown, hidden, job):
+        folder.mkdir()
+    (shown / "fact.txt").write_text("visible")
+    (hidden / "alice.ipynb").write_text("{}")
+    probe = ("import pathlib\n"
+             f"print(pathlib.Path({str(shown / 'fact.txt')!r}).read_text())\n"
+             f"print(pathlib.Path({str(hidden / 'alice.ipynb')!r}).exists())\n"
+             f"try:\n    pathlib.Path({str(shown / 'fact.txt')!r}).write_text('changed')\n"
+             "except OSError as error:\n    print(type(error).__name__)\n")
+    run = sandbox.run_walled([sys.executable, "-c", probe], job, Limits(wall_seconds=60), isolate=True,
+                             env={"PATH": "/usr/bin:/bin"}, readable=[shown])
+    assert run.returncode == 0, run.log_tail
+    assert run.log_tail.split() == ["visible", "False", "OSError"]
+    assert (shown / "fact.txt").read_text() == "visible"

@@ -96,7 +96,9 @@ def wall_command(command: list[str], job: Path, env: dict[str, str], readable: l
     binds = [arg for root in _readable_roots(readable) for arg in ("--ro-bind", str(root), str(root))]
     binds += [arg for target, link in _top_links() for arg in ("--symlink", target, link)]
     setenv = [arg for key, value in env.items() for arg in ("--setenv", key, value)]
-    return ["bwrap", *_wall_options(), *binds, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    # /tmp first: a bind below /tmp (a checkout or venv under /tmp, as CI clones it) lands on top of the tmpfs,
+    # not under it.
+    return ["bwrap", *_wall_options(), "--tmpfs", "/tmp", *binds, "--proc", "/proc", "--dev", "/dev",
             "--bind", str(job), INSIDE_JOB, "--chdir", INSIDE_JOB, "--clearenv", *setenv, "--", *command]
 
 
