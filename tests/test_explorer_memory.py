@@ -74,14 +74,14 @@ def test_render_moves_the_same_artists():
 def test_widget_builds_and_answers_every_control():
     explorer = memory_explorer()
     controls, image, text = explorer.controls, explorer.canvas.image, explorer.text
-    for name, value in [("model", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
+    for name, value in [("preset", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
                         ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2),
                         ("prefill_chunk", 8192)]:
         before = (image.value, text.value)
         controls[name].value = value
         assert (image.value, text.value) != before, name
     assert "H_kv 1 (of 1, over 2 GPUs)" in text.value  # MQA over 2 GPUs: the single KV head is copied
-    controls["model"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
+    controls["preset"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
     assert "impossible setting" in explorer.verdict.value
 
 

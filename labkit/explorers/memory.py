@@ -87,7 +87,7 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     )
 
 
-def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
+def compute(preset: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
             seq_len: int = 4096, attention: str = "as built", tp: int = 1, prefill_chunk: int = 0) -> MemoryView:
     """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in).
 
@@ -97,7 +97,7 @@ def compute(model: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf1
     >>> view.budget.kv_cache_bytes == 8 * GIB, view.budget.fits, view.max_batch >= 16
     (True, True, True)
     """
-    as_built, device, layout = model_preset(model), gpu_preset(gpu), model_layout(model)
+    as_built, device, layout = model_preset(preset), gpu_preset(gpu), model_layout(preset)
     spec = as_built
     options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
                    group_size=GROUP_SIZE if weight_fmt.startswith("int") else None, scale_bytes=SCALE_BYTES,
@@ -194,7 +194,7 @@ class MemoryExplorer(Explorer):
 
     title = "KV-cache explorer"
 
-    def __init__(self, model: str = "Llama-3-8B", gpu: str = "A100-80GB"):
+    def __init__(self, preset: str = "Llama-3-8B", gpu: str = "A100-80GB"):
         import ipywidgets as widgets
 
         style = layout.description_style(84)
@@ -206,8 +206,8 @@ class MemoryExplorer(Explorer):
                                          layout=layout.full_width())
 
         self.controls = {
-            "model": widgets.Dropdown(options=list(model_presets()), value=model, description="model", style=style,
-                                      layout=layout.full_width()),
+            "preset": widgets.Dropdown(options=list(model_presets()), value=preset, description="model", style=style,
+                                       layout=layout.full_width()),
             "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU", style=style,
                                     layout=layout.full_width()),
             "weight_fmt": toggles(WEIGHT_FORMATS, "bf16", "weights", 52),
@@ -233,7 +233,7 @@ class MemoryExplorer(Explorer):
                                      layout=widgets.Layout(width=f"{self.canvas.pixel_size[0] + 12}px",
                                                            max_width="100%", flex="0 1 auto"))
         self.widget = widgets.VBox([
-            layout.row([layout.column([c["model"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
+            layout.row([layout.column([c["preset"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
                                        c["tp"], c["prefill_chunk"], c["log2_batch"], c["log2_seq"], self.sizes],
                                       self.column_width),
                         figure_column]),
@@ -254,9 +254,9 @@ class MemoryExplorer(Explorer):
         self.text.value = steps_html(view)
 
 
-def memory_explorer(model: str = "Llama-3-8B", gpu: str = "A100-80GB") -> MemoryExplorer:
-    """The lab 05 explorer (leave it last in a cell to show it)."""
-    return MemoryExplorer(model, gpu)
+def memory_explorer(preset: str = "Llama-3-8B", gpu: str = "A100-80GB") -> MemoryExplorer:
+    """The lab 05 explorer (leave it last in a cell to show it); ``preset`` and ``gpu`` are preset names."""
+    return MemoryExplorer(preset, gpu)
 
 
 # ---------------------------------------------------------------------------------------------------------------
