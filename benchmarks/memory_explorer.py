@@ -18,7 +18,7 @@ def _changes(n_changes: int):
     cycles = [("log2_seq", range(7, 18)), ("log2_batch", range(0, 11)), ("weight_fmt", WEIGHT_FORMATS),
               ("kv_dtype", KV_FORMATS), ("attention", ATTENTION), ("tp", TP_DEGREES),
               ("prefill_chunk", [value for _, value in PREFILL]),
-              ("model", ["Llama-3-8B", "Llama-3.3-70B", "Mistral-7B", "Qwen3-0.6B", "SmolLM2-135M"]),
+              ("preset", ["Llama-3-8B", "Llama-3.3-70B", "Mistral-7B", "Qwen3-0.6B", "SmolLM2-135M"]),
               ("gpu", ["A100-80GB", "H100-SXM", "T4", "L4", "H200"])]
     streams = {name: itertools.cycle(values) for name, values in cycles}
     names = itertools.cycle(streams)  # one control after another, each stepping through its values
