@@ -3,7 +3,7 @@ and the early-exit self-draft, on the same prompts in one run, alternating, with
 greedy outputs checked token-identical (with each prompt's smallest greedy margin, which must be far above float noise
 for that check to hold on any CPU); measured alpha and c fed to the closed form beside the measured speedup
 (the paper's per-step ratio, and the same applied to the whole request: the prefill both sides pay, and a verify
-pass that costs more than one step on a CPU; ``labkit.core.speculative.request_speedup``);
+pass that costs more than one step on a CPU; ``labkit.core.speedup.request_speedup``);
 and the simulator's update latency. Run: ``python -m benchmarks.speculative``.
 """
 
@@ -29,11 +29,12 @@ def _prompts(lm):
 def main() -> None:
     import torch
 
-    from labkit.core import speculative as sp
+    from labkit.core import speedup as sp
     from labkit.core.sampling import CLEAR_MARGIN
+    from labkit.runtime import drafters
     from labkit.runtime import speculative as rs
     from labkit.runtime.generation import greedy_margins
-    from labkit.runtime import sweeps
+    from labkit.runtime import timing as measure
     from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
@@ -46,8 +47,8 @@ def main() -> None:
         methods = {
             "plain greedy": lambda: (*rs.plain_greedy(lm, prompt, N_NEW, eos), None),
             "transformers prompt lookup": lambda: (*rs.transformers_prompt_lookup(lm, prompt, N_NEW, 4, eos), None),
-            "labkit prompt lookup": lambda: _spec(rs, lm, prompt, rs.PromptLookup(), 4, eos),
-            "early exit (4 blocks)": lambda: _spec(rs, lm, prompt, rs.EarlyExit(4), 2, eos),
+            "labkit prompt lookup": lambda: _spec(rs, lm, prompt, drafters.PromptLookup(), 4, eos),
+            "early exit (4 blocks)": lambda: _spec(rs, lm, prompt, drafters.EarlyExit(4), 2, eos),
         }
         times = {method: [] for method in methods}
         runs = {}
@@ -60,7 +61,7 @@ def main() -> None:
                 runs[method] = run
         base = statistics.median(times["plain greedy"])
         step_s, verify5_s = rs.decode_step_s(lm, prompt, 1), rs.decode_step_s(lm, prompt, 5)
-        prefill_s = sweeps.prefill_sweep(lm, prompt, (prompt.shape[1],), repeats=3)[0][1]
+        prefill_s = measure.prefill_sweep(lm, prompt, (prompt.shape[1],), repeats=3)[0][1]
         print(f"\n{name}: {len(plain)} tokens, identical outputs (smallest greedy margin {margin:.3f}, "
               f"{margin / CLEAR_MARGIN:.0f}x CLEAR_MARGIN); prefill {prefill_s*1e3:.1f} ms, decode step "
               f"{step_s*1e3:.1f} ms, verify of 5 {verify5_s*1e3:.1f} ms")
@@ -70,7 +71,7 @@ def main() -> None:
                     f"speedup {base/median:5.2f}x")
             run = runs[method]
             if run is not None:
-                drafter = rs.PromptLookup() if "lookup" in method else rs.EarlyExit(4)
+                drafter = drafters.PromptLookup() if "lookup" in method else drafters.EarlyExit(4)
                 cost = rs.draft_step_s(lm, prompt, drafter) / step_s
                 predicted = sp.walltime_improvement(run.alpha, run.gamma, cost)
                 # A verify pass scores the drafts actually proposed plus one: measured at the run's mean length.

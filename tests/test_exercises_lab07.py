@@ -5,11 +5,13 @@ slips learners make, each failing with its own hint; the reference through the c
 import pytest
 import torch
 
+from labkit.core import lossless
 from labkit.core import speculative as sp
+from labkit.core.speedup import expected_tokens_per_call, optimal_gamma
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
 from labkit.exercises.lab07 import best_gamma_here, prompt_lookup_propose
-from labkit.runtime import speculative as rs
+from labkit.runtime import drafters
 from zoo import assert_zoo
 
 ROUND = get("07.speculative_round")
@@ -186,27 +188,27 @@ RUNS = 1500
 
 def _harness(round_function, tables, gamma=3, seed=101):
     target, draft = tables
-    return sp.lossless_test(target, draft, gamma, RUNS, torch.Generator().manual_seed(seed),
-                            step=sp.round_as_step(round_function))
+    return lossless.lossless_test(target, draft, gamma, RUNS, torch.Generator().manual_seed(seed),
+                                  step=lossless.round_as_step(round_function))
 
 
-CONSTANT_PAIR = sp.context_free_pair(torch.tensor([0.4, 0.3, 0.2, 0.1]), torch.tensor([0.1, 0.3, 0.2, 0.4]))
+CONSTANT_PAIR = lossless.context_free_pair(torch.tensor([0.4, 0.3, 0.2, 0.1]), torch.tensor([0.1, 0.3, 0.2, 0.4]))
 
 
-@pytest.mark.parametrize("tables", [CONSTANT_PAIR, sp.random_markov_pair(4, torch.Generator().manual_seed(1))],
+@pytest.mark.parametrize("tables", [CONSTANT_PAIR, lossless.random_markov_pair(4, torch.Generator().manual_seed(1))],
                          ids=["constant alpha", "markov"])
 def test_the_reference_round_is_lossless_and_meets_the_closed_form(tables):
     result = _harness(sp.speculative_round, tables, gamma=4)
     assert result.p_value > 1e-4, result
     assert abs(result.tokens_per_call_z) < 4, result
     if tables is CONSTANT_PAIR:
-        assert result.expected_tokens_per_call == pytest.approx(sp.expected_tokens_per_call(0.7, 4))
+        assert result.expected_tokens_per_call == pytest.approx(expected_tokens_per_call(0.7, 4))
 
 
 @pytest.mark.parametrize("wrong", [resample_target, absolute_residual, accept_if_greater, inverted_ratio],
                          ids=lambda f: f.__name__)
 def test_a_round_wrong_in_distribution_fails_the_chi_square(wrong):
-    result = _harness(wrong, sp.random_markov_pair(4, torch.Generator().manual_seed(1)))
+    result = _harness(wrong, lossless.random_markov_pair(4, torch.Generator().manual_seed(1)))
     assert result.p_value < 1e-4, result
 
 
@@ -237,7 +239,7 @@ def test_one_hot_rows_make_the_round_greedy_acceptance():
 
 
 def test_predict_optimal_gamma():
-    assert best_gamma_here() == float(sp.optimal_gamma(0.8, 0.05))
+    assert best_gamma_here() == float(optimal_gamma(0.8, 0.05))
     assert best_gamma_here() == 8.0  # improvements 3.082, 3.092, 3.078 at gamma 7, 8, 9
     assert check_function(PREDICT, lambda: 9).close is True  # within one draft
     assert check_function(PREDICT, lambda: 4).close is False
@@ -262,7 +264,7 @@ def test_the_round_on_the_real_models_one_hot_rows_is_greedy_decoding(embedded):
     plain = rs.plain_greedy(embedded, prompt, 8, embedded.tokenizer.eos_token_id)[0]
     context, new, calls, generator = prompt[0].tolist(), [], 0, torch.Generator().manual_seed(0)
     while len(new) < 8:
-        drafts = rs.PromptLookup().propose(context, 3)
+        drafts = drafters.PromptLookup().propose(context, 3)
         with torch.inference_mode():
             logits, _ = forward(embedded, torch.tensor([context + drafts]), positions=len(drafts) + 1)
         vocab = logits.shape[-1]
@@ -358,7 +360,7 @@ def lookup_longest_only(context, gamma, max_ngram):
 
 
 def lookup_calls_labkit(context, gamma, max_ngram):
-    return rs.PromptLookup(max_ngram).propose(context, gamma)
+    return drafters.PromptLookup(max_ngram).propose(context, gamma)
 
 
 LOOKUP_ZOO = {
@@ -402,6 +404,6 @@ def test_every_lookup_hand_case_tells_the_zoo_apart():
 
 
 def test_the_reference_is_labkits_drafter():
-    assert prompt_lookup_propose([5, 6, 7, 8, 5, 6], 3, 2) == rs.PromptLookup(2).propose([5, 6, 7, 8, 5, 6], 3)
+    assert prompt_lookup_propose([5, 6, 7, 8, 5, 6], 3, 2) == drafters.PromptLookup(2).propose([5, 6, 7, 8, 5, 6], 3)
     assert [case.args for case in LOOKUP.hand_cases if prompt_lookup_propose(*case.args) == []] == [
         ([1, 2, 3, 4], 3, 3), ([1, 2, 1], 0, 2), ([], 3, 2)]

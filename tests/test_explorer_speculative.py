@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from labkit.core import speculative as sp
+from labkit.core import speedup as sp
 from labkit.explorers.speculative import (MAX_GAMMA, STRIP_CALLS, SpeculativeExplorer, compute, position_alphas,
                                           summary_html)
 

@@ -1,6 +1,7 @@
-"""labkit.runtime.speculative on the embedded model: greedy speculative output identical to plain greedy (and to
-transformers' prompt lookup), cache cropping correct, the self-draft sharing the target's weights, and the sampled
-step's first-token distribution close to the target's. Short outputs; correctness only, never a time.
+"""labkit.runtime.speculative and labkit.runtime.drafters on the embedded model: greedy speculative output identical
+to plain greedy (and to transformers' prompt lookup), cache cropping correct, the self-draft sharing the target's
+weights, and the sampled step's first-token distribution close to the target's. Short outputs; correctness only,
+never a time.
 
 A verify pass scores a block of tokens at once, so its logits differ from plain greedy's in the last bits: the
 token-for-token comparisons are made only on outputs whose every step is far from a tie (every greedy margin
@@ -11,8 +12,10 @@ import pytest
 import torch
 
 from labkit import runtime
-from labkit.core import speculative as sp
+from labkit.core.lossless import STEP_VARIANTS, sample_first_tokens
 from labkit.core.sampling import CLEAR_MARGIN
+from labkit.core.speculative import acceptance_rate
+from labkit.runtime import drafters
 from labkit.runtime import speculative as rs
 from labkit.runtime.generation import greedy_margins
 
@@ -41,7 +44,7 @@ def plain(embedded, copy_prompt):
     return tokens
 
 
-@pytest.mark.parametrize("drafter,gamma", [(rs.PromptLookup(), 4), (rs.EarlyExit(2), 2)],
+@pytest.mark.parametrize("drafter,gamma", [(drafters.PromptLookup(), 4), (drafters.EarlyExit(2), 2)],
                          ids=["lookup-4", "early-exit-2"])
 def test_greedy_speculative_is_greedy_token_for_token(embedded, copy_prompt, plain, drafter, gamma):
     eos = embedded.tokenizer.eos_token_id
@@ -53,7 +56,7 @@ def test_greedy_speculative_is_greedy_token_for_token(embedded, copy_prompt, pla
 
 def test_prompt_lookup_saves_calls_on_a_copy_task_and_matches_transformers(embedded, copy_prompt, plain):
     eos = embedded.tokenizer.eos_token_id
-    run = rs.speculative_generate(embedded, copy_prompt, N_NEW, rs.PromptLookup(), gamma=4, eos_token_id=eos)
+    run = rs.speculative_generate(embedded, copy_prompt, N_NEW, drafters.PromptLookup(), gamma=4, eos_token_id=eos)
     assert run.tokens_per_call > 2  # copying: most drafts pass
     theirs, _ = rs.transformers_prompt_lookup(embedded, copy_prompt, N_NEW, 4, eos)
     assert theirs == plain
@@ -64,12 +67,12 @@ def test_the_prefill_verifies_drafts_proposed_from_the_prompt(embedded, plain):
     repeated = embedded.text_ids(PASSAGE + " " + PASSAGE + " The lighthouse keeper climbed")
     alone, _ = rs.plain_greedy(embedded, repeated, N_NEW, eos)
     assert_far_from_ties(embedded, repeated, alone)
-    run = rs.speculative_generate(embedded, repeated, N_NEW, rs.PromptLookup(), gamma=4, eos_token_id=eos)
+    run = rs.speculative_generate(embedded, repeated, N_NEW, drafters.PromptLookup(), gamma=4, eos_token_id=eos)
     assert run.prefill_verified and run.new_token_ids == alone
     assert run.accepted_per_round[0] == 4  # the prefill accepted all four drafts: five tokens from one call
     assert run.tokens_per_call == pytest.approx(len(alone) / run.target_calls)
 
-    class AfterThePrefill(rs.PromptLookup):
+    class AfterThePrefill(drafters.PromptLookup):
         drafts_from_prompt = False
 
     later = rs.speculative_generate(embedded, repeated, N_NEW, AfterThePrefill(), gamma=4, eos_token_id=eos)
@@ -77,7 +80,7 @@ def test_the_prefill_verifies_drafts_proposed_from_the_prompt(embedded, plain):
     # Passes of the model in all: 4 against 1 + 3 here (the later rounds fall differently); on the longer copy of
     # `make bench`, 10 against 11, as many as transformers' assisted generation makes.
     assert run.target_calls <= later.target_calls + 1
-    sampled = rs.speculative_generate(embedded, repeated, 6, rs.PromptLookup(), gamma=4, temperature=1.0, seed=0)
+    sampled = rs.speculative_generate(embedded, repeated, 6, drafters.PromptLookup(), gamma=4, temperature=1.0, seed=0)
     assert sampled.prefill_verified and len(sampled.new_token_ids) == 6
 
 
@@ -105,16 +108,16 @@ def test_crop_after_verify_leaves_the_cache_as_plain_decoding_would(embedded):
 
 
 def test_the_self_draft_shares_weights_and_leaves_the_target_whole(embedded):
-    draft = rs.truncated_model(embedded, 3)
+    draft = drafters.truncated_model(embedded, 3)
     target = runtime.module_of(embedded)
     assert len(draft.model.layers) == 3 and len(target.model.layers) == embedded.spec.n_layers
     assert draft.model.layers[0] is target.model.layers[0] and draft.lm_head is target.lm_head
     with pytest.raises(ValueError, match="n_layers must be an int"):
-        rs.truncated_model(embedded, 0)
+        drafters.truncated_model(embedded, 0)
 
 
 def test_prompt_lookup_proposals_by_hand():
-    lookup = rs.PromptLookup(max_ngram=3)
+    lookup = drafters.PromptLookup(max_ngram=3)
     assert lookup.propose([1, 2, 3, 9, 1, 2, 3], 2) == [9, 1]
     assert lookup.propose([4, 5, 6], 3) == []
     assert lookup.propose([7, 8, 7], 5) == [8, 7]  # the latest earlier match of the 1-gram 7
@@ -124,7 +127,7 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_real_model(emb
     # 2,000 seeded first tokens from one-draft rounds; TV on the target's top 15 tokens plus the rest. With 16 bins
     # and 2,000 samples direct target samples land at TV about 0.02-0.04; the wrong rule lands far above.
     target, draft = rs.first_token_distributions(embedded, embedded.text_ids("My favourite colour is"), 29, 1.0)
-    alpha = float(sp.acceptance_rate(target, draft))
+    alpha = float(acceptance_rate(target, draft))
     assert alpha > 0.05
     top = target.argsort(descending=True)[:15]
 
@@ -136,15 +139,15 @@ def test_sampled_speculation_keeps_the_target_distribution_on_the_real_model(emb
         truth = torch.cat([target[top], (1 - target[top].sum()).view(1)])
         return 0.5 * float((counts / counts.sum() - truth).abs().sum())
 
-    exact = binned_tv(rs.sample_first_tokens(target, draft, 2000, seed=0))
-    wrong = binned_tv(rs.sample_first_tokens(target, draft, 2000, seed=0,
-                                             step=sp.STEP_VARIANTS["accept where p_target >= p_draft"]))
+    exact = binned_tv(sample_first_tokens(target, draft, 2000, seed=0))
+    wrong = binned_tv(sample_first_tokens(target, draft, 2000, seed=0,
+                                             step=STEP_VARIANTS["accept where p_target >= p_draft"]))
     assert exact < 0.05, exact
     assert wrong > exact
 
 
 def test_sampled_generation_is_reproducible_for_a_seed(embedded):
     ids = embedded.text_ids("Once upon a time")
-    first = rs.speculative_generate(embedded, ids, 4, rs.EarlyExit(2), gamma=2, temperature=1.0, seed=3)
-    again = rs.speculative_generate(embedded, ids, 4, rs.EarlyExit(2), gamma=2, temperature=1.0, seed=3)
+    first = rs.speculative_generate(embedded, ids, 4, drafters.EarlyExit(2), gamma=2, temperature=1.0, seed=3)
+    again = rs.speculative_generate(embedded, ids, 4, drafters.EarlyExit(2), gamma=2, temperature=1.0, seed=3)
     assert first.new_token_ids == again.new_token_ids and len(first.new_token_ids) == 4

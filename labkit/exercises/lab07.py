@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 
 from labkit.core import speculative as sp
+from labkit.core.speedup import optimal_gamma
 from labkit.exercises import register
 from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
-from labkit.runtime.speculative import PromptLookup
+from labkit.runtime.drafters import PromptLookup
 
 # --------------------------------------------------------------------------------------------------------------
 # 07.predict_optimal_gamma
@@ -24,7 +25,7 @@ PREDICT_ALPHA, PREDICT_COST = 0.8, 0.05
 
 def best_gamma_here() -> float:
     """The draft length with the largest walltime improvement at alpha = 0.8, c = 0.05."""
-    return float(sp.optimal_gamma(PREDICT_ALPHA, PREDICT_COST))
+    return float(optimal_gamma(PREDICT_ALPHA, PREDICT_COST))
 
 
 PREDICT_GAMMA = register(prediction(

@@ -4,7 +4,8 @@ Left panel: expected tokens per target call against gamma (the paper's curve and
 Right panel: expected walltime improvement against gamma, the optimum marked, the break-even line at 1, and measured
 (gamma, speedup) points from real runs when given. Below: a strip of seeded simulated calls, each a row of accepted
 (green), rejected (red), never examined (grey) and bonus (blue) tokens. Everything shown comes from
-``labkit.core.speculative``; :func:`compute` is pure, :func:`render` updates artists created once.
+``labkit.core.speedup`` (the lossless test's bars from ``labkit.core.lossless``); :func:`compute` is pure,
+:func:`render` updates artists created once.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from typing import Sequence
 
 import torch
 
-from labkit.core import speculative as sp
-from labkit.core import validation
+from labkit.core import lossless, speedup, validation
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 
@@ -60,10 +60,11 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
     gamma = validation.integer("gamma", gamma, min=0, max=MAX_GAMMA)
     cost_ratio = validation.real("cost_ratio", cost_ratio, min=0)
     gammas = tuple(range(MAX_GAMMA + 1))
-    tokens = tuple(sp.expected_tokens_varying(position_alphas(alpha, g, varying)) for g in gammas)
+    tokens = tuple(speedup.expected_tokens_varying(position_alphas(alpha, g, varying)) for g in gammas)
     improvement = tuple(t / (g * cost_ratio + 1) for t, g in zip(tokens, gammas))
     best = max(gammas, key=lambda g: (improvement[g], -g))
-    simulation = sp.simulate(position_alphas(alpha, gamma, varying), gamma, 2000, torch.Generator().manual_seed(seed))
+    simulation = speedup.simulate(position_alphas(alpha, gamma, varying), gamma, 2000,
+                                  torch.Generator().manual_seed(seed))
     strip = []
     for accepted in simulation.accepted[:STRIP_CALLS].tolist():
         cells = ["accepted"] * accepted
@@ -73,8 +74,8 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
             cells += ["bonus"]
         strip.append(tuple(cells))
     return SpeculativeView(alpha, gamma, cost_ratio, varying, gammas, tokens,
-                           tuple(sp.popular_expected_tokens(alpha, g) for g in gammas), improvement, best,
-                           sp.break_even_alpha(gamma, cost_ratio), tuple(strip), simulation.mean_tokens,
+                           tuple(speedup.popular_expected_tokens(alpha, g) for g in gammas), improvement, best,
+                           speedup.break_even_alpha(gamma, cost_ratio), tuple(strip), simulation.mean_tokens,
                            simulation.standard_error)
 
 
@@ -235,10 +236,10 @@ CRITICAL_P, CRITICAL_Z = 1e-4, 4.0  # a rule fails when p < 1e-4 (chi-square) or
 
 def lossless_figure(results: dict) -> object:
     """Each rule's chi-square (log scale, the critical value at p = 1e-4 dashed) and its tokens-per-call z-score
-    (the band |z| <= 4 shaded), from ``{name: sp.LosslessTest}``; a bar is green where it passes that test.
+    (the band |z| <= 4 shaded), from ``{name: lossless.LosslessTest}``; a bar is green where it passes that test.
 
-    >>> tables = sp.random_markov_pair(3, torch.Generator().manual_seed(0))
-    >>> result = sp.lossless_test(*tables, 2, 50, torch.Generator().manual_seed(1), n_tokens=1)
+    >>> tables = lossless.random_markov_pair(3, torch.Generator().manual_seed(0))
+    >>> result = lossless.lossless_test(*tables, 2, 50, torch.Generator().manual_seed(1), n_tokens=1)
     >>> len(lossless_figure({"exact": result}).axes)
     2
     """
@@ -272,5 +273,5 @@ def _critical_chi_square(dof: int) -> float:
     low, high = 0.0, 10.0 * dof + 100.0
     for _ in range(100):
         middle = (low + high) / 2
-        low, high = (middle, high) if sp.chi_square_p_value(middle, dof) > CRITICAL_P else (low, middle)
+        low, high = (middle, high) if lossless.chi_square_p_value(middle, dof) > CRITICAL_P else (low, middle)
     return high

@@ -1,14 +1,11 @@
-"""labkit.core.speculative: closed forms by hand, properties, the simulator against the closed forms, the exact step
-lossless by chi-square and every wrong variant failing the same seeded test, greedy speculation equal to greedy."""
-
-import math
+"""labkit.core.speedup: the closed forms by hand, their properties, the simulator against them, a whole request."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from labkit.core import speculative as sp
+from labkit.core import speedup as sp
 
 alphas = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 gammas = st.integers(min_value=0, max_value=20)
@@ -45,14 +42,6 @@ def test_optimal_gamma_and_break_even_by_hand():
     assert root + root**2 + root**3 + root**4 == pytest.approx(0.4, abs=1e-9)
     assert sp.break_even_alpha(3, 0.5) == 1.0 or sp.walltime_improvement(1.0, 3, 0.5) > 1
     assert sp.break_even_alpha(4, 1.0) == 1.0  # 5 tokens for the cost of 5 steps: never better
-
-
-def test_alpha_is_one_minus_total_variation_by_hand():
-    target, draft = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.25, 0.25, 0.5])
-    assert float(sp.acceptance_rate(target, draft)) == 0.5
-    assert float(sp.total_variation(target, draft)) == 0.5
-    assert sp.residual_probs(target, draft).tolist() == [0.5, 0.5, 0.0]
-    assert sp.residual_probs(target, target).tolist() == target.tolist()  # nothing left: never used
 
 
 def test_varying_alpha_by_hand():
@@ -107,19 +96,6 @@ def test_optimal_gamma_is_optimal(alpha, cost):
         assert max(values) <= 1.0 + 1e-12
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(2, 30), st.integers(0, 10_000))
-def test_alpha_is_one_minus_tv_and_the_residual_is_a_distribution(vocab, seed):
-    generator = torch.Generator().manual_seed(seed)
-    target, draft = torch.softmax(torch.randn(2, vocab, generator=generator, dtype=torch.float64) * 2, dim=-1)
-    alpha = sp.acceptance_rate(target, draft)
-    assert float(alpha) == pytest.approx(1 - float(sp.total_variation(target, draft)), abs=1e-12)
-    residual = sp.residual_probs(target, draft)
-    assert float(residual.sum()) == pytest.approx(1.0, abs=1e-12) and bool((residual >= 0).all())
-    # the one-step output law, exactly: min(target, draft) + (1 - alpha) residual = target (Leviathan, A.1)
-    assert torch.allclose(torch.minimum(target, draft) + (1 - alpha) * residual, target, atol=1e-12)
-
-
 # ----- simulator against the closed forms -----
 
 @pytest.mark.parametrize("alpha,gamma", [(0.3, 2), (0.7, 4), (0.9, 8), (1.0, 3), (0.0, 5)])
@@ -146,81 +122,7 @@ def test_simulator_is_reproducible_for_a_seed():
     assert torch.equal(first, sp.simulate(0.6, 4, 100, torch.Generator().manual_seed(3)).accepted)
 
 
-# ----- lossless: the exact step passes the chi-square test, the wrong ones fail it -----
-# Threshold: p < 1e-4 (chi-square) or |z| > 4 (tokens per call) fails. Power: on these tables the weakest wrong
-# variant in distribution ("resample from the target") reaches chi-square about 300 at 1,500 runs with 15 degrees
-# of freedom (noncentrality ~ 285) against a critical value of 44.3: it cannot pass by chance. The missing bonus
-# token leaves the distribution exact and shows in tokens per call (z about -8).
-
-RUNS = 1500
-
-
-def _pair(seed):
-    return sp.random_markov_pair(4, torch.Generator().manual_seed(seed))
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_the_exact_step_is_lossless_on_random_pairs(seed):
-    target, draft = _pair(seed)
-    result = sp.lossless_test(target, draft, 3, RUNS, torch.Generator().manual_seed(100 + seed))
-    assert result.p_value > 1e-4, result
-    assert abs(result.tokens_per_call_z) < 4, result
-    assert result.observed.sum() == RUNS
-
-
-@pytest.mark.parametrize("name", [name for name in sp.STEP_VARIANTS if name != "exact"])
-def test_every_wrong_variant_fails_the_same_test(name):
-    target, draft = _pair(1)
-    result = sp.lossless_test(target, draft, 3, RUNS, torch.Generator().manual_seed(101),
-                              step=sp.STEP_VARIANTS[name])
-    assert result.p_value < 1e-4 or abs(result.tokens_per_call_z) > 4, result
-    if name == "no bonus token":  # exact in distribution, wasteful in calls
-        assert result.p_value > 1e-4 and result.tokens_per_call_z < -4
-
-
-def test_the_first_call_expectation_is_the_varying_alpha_formula_on_a_context_free_chain():
-    target_row, draft_row = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64), torch.tensor(
-        [0.2, 0.5, 0.3], dtype=torch.float64)
-    alpha = float(sp.acceptance_rate(target_row, draft_row))  # 0.2 + 0.3 + 0.1 = 0.6
-    exact = sp._expected_first_call(target_row.expand(3, 3), draft_row.expand(3, 3), 4, 0)
-    assert exact == pytest.approx(sp.expected_tokens_per_call(alpha, 4))
-
-
-def test_chi_square_p_value_at_known_critical_values():
-    assert sp.chi_square_p_value(3.841458820694124, 1) == pytest.approx(0.05, abs=1e-9)
-    assert sp.chi_square_p_value(44.26322, 15) == pytest.approx(1e-4, rel=1e-3)
-
-
-def test_speculative_step_with_zero_draft_probability_is_never_accepted_wrongly():
-    # a draft token the target cannot produce is always rejected; the residual then never picks it
-    target, draft = torch.tensor([[0.0, 1.0], [0.5, 0.5]]), torch.tensor([[1.0, 0.0]])
-    for seed in range(20):
-        assert sp.speculative_step(target, draft, [0], torch.Generator().manual_seed(seed)) == (0, 1)
-
-
-# ----- greedy speculative decoding is greedy decoding -----
-
-def _toy_model(seed, vocab=7):
-    table = torch.randn(vocab, vocab, vocab, generator=torch.Generator().manual_seed(seed))
-
-    def next_logits(ids):
-        previous = ids[-2] if len(ids) > 1 else 0
-        return table[previous, ids[-1]]
-    return next_logits
-
-
-@pytest.mark.parametrize("gamma", [0, 1, 3, 6])
-def test_greedy_speculative_equals_greedy_token_for_token(gamma):
-    target, draft = _toy_model(1), _toy_model(2)
-    plain, context = [], [3]
-    for _ in range(25):
-        plain.append(int(target(context + plain).argmax()))
-    tokens, calls = sp.greedy_speculative_decode(target, draft, [3], 25, gamma)
-    assert tokens == plain
-    assert calls <= 25
-    same, calls_same = sp.greedy_speculative_decode(target, target, [3], 25, gamma)
-    assert same == plain and calls_same == math.ceil(25 / (gamma + 1))  # a perfect draft: gamma + 1 per call
-
+# ----- a whole request -----
 
 @given(st.floats(0, 1), st.integers(0, 12), st.floats(0, 1), st.integers(2, 500))
 def test_a_request_without_prefill_and_with_a_one_step_verify_is_the_papers_ratio(alpha, gamma, cost, n_tokens):
