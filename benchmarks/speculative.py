@@ -34,7 +34,7 @@ def main() -> None:
     from labkit.runtime import drafters
     from labkit.runtime import speculative as rs
     from labkit.runtime.generation import greedy_margins
-    from labkit.runtime import timing as measure
+    from labkit.runtime import sweeps
     from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
@@ -61,7 +61,7 @@ def main() -> None:
                 runs[method] = run
         base = statistics.median(times["plain greedy"])
         step_s, verify5_s = rs.decode_step_s(lm, prompt, 1), rs.decode_step_s(lm, prompt, 5)
-        prefill_s = measure.prefill_sweep(lm, prompt, (prompt.shape[1],), repeats=3)[0][1]
+        prefill_s = sweeps.prefill_sweep(lm, prompt, (prompt.shape[1],), repeats=3)[0][1]
         print(f"\n{name}: {len(plain)} tokens, identical outputs (smallest greedy margin {margin:.3f}, "
               f"{margin / CLEAR_MARGIN:.0f}x CLEAR_MARGIN); prefill {prefill_s*1e3:.1f} ms, decode step "
               f"{step_s*1e3:.1f} ms, verify of 5 {verify5_s*1e3:.1f} ms")
