@@ -13,7 +13,8 @@ import time
 
 
 def _changes(n_changes: int):
-    from labkit.explorers.memory import ATTENTION, KV_FORMATS, PREFILL, TP_DEGREES, WEIGHT_FORMATS
+    from labkit.core.spec import ATTENTION
+    from labkit.explorers.memory import KV_FORMATS, PREFILL, TP_DEGREES, WEIGHT_FORMATS
 
     cycles = [("log2_seq", range(7, 18)), ("log2_batch", range(0, 11)), ("weight_fmt", WEIGHT_FORMATS),
               ("kv_dtype", KV_FORMATS), ("attention", ATTENTION), ("tp", TP_DEGREES),

@@ -122,6 +122,17 @@ def test_every_module_lives_in_a_layer_folder():
     assert set(packages) == {"labkit", "labkit.data", *(f"labkit.{name}" for name in LAYERS)}
 
 
+def test_the_readme_layout_names_every_module_in_its_layer_row():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Contributing")]
+    assert "**Vocabulary.**" in layout
+    for folder in LAYERS:
+        row = next(line for line in layout.splitlines() if line.startswith(f"| `labkit/{folder}/` |"))
+        modules = sorted(p.stem for p in (ROOT / "labkit" / folder).glob("*.py") if p.name != "__init__.py")
+        missing = [name for name in modules if f"`{name}`" not in row]
+        assert missing == [], f"README's layout row for labkit/{folder}/ does not name {missing}"
+
+
 def test_imports_point_down_the_layers_only():
     wrong = []
     for path in sorted((ROOT / "labkit").rglob("*.py")):

@@ -251,7 +251,7 @@ def test_learner_text_reaches_neither_the_terminal_nor_a_spreadsheet_as_control_
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The wall, the wire and the review (the attack suite is tests/test_grading_attacks.py)
+# The wall, the wire and the review (the attack suite is tests/test_instructor_grading_attacks.py)
 
 
 def test_without_a_working_wall_the_grader_refuses_unless_told_and_then_says_so(tmp_path, monkeypatch):
