@@ -16,7 +16,7 @@ import pytest
 
 import labkit.exercises
 
-from labkit.instructor import classroom, grading, worker
+from labkit.instructor import classroom, grading, judging, worker
 from labkit.exercises.definitions import Case, Exercise
 from labkit.exercises import exercises
 from labkit.instructor.kernel_limits import Confinement, Limits
@@ -29,13 +29,13 @@ def grade_here(lab, namespace, seed):
     them (as the worker does, to a file), the answers judged. The same data path as ``labkit grade``."""
     import tempfile
 
-    chosen, plan, drawn = grading._plan(lab, seed)
+    chosen, plan, drawn = judging.plan(lab, seed)
     with tempfile.TemporaryDirectory() as scratch:
         cases, answers = Path(scratch) / "cases.json", Path(scratch) / "answers.json"
         cases.write_text(json.dumps({"exercises": plan}))
         worker.answer_cases(namespace, str(cases), str(answers))
         answered = json.loads(answers.read_text())
-    return [grading._judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
+    return [judging.judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
 
 
 def test_solutions_earn_every_point_and_learner_notebooks_none(embedded):
@@ -166,10 +166,10 @@ def test_the_same_seed_gives_the_same_grade_and_the_seed_follows_the_code():
     notebook = _submission(FLAKY_ANSWER)
     with_outputs = _submission(FLAKY_ANSWER)
     with_outputs.cells[0].outputs = [nbformat.v4.new_output("stream", text="ran it")]
-    assert grading.submission_seed(notebook, b"k") == grading.submission_seed(with_outputs, b"k")
-    assert grading.submission_seed(notebook, b"k") != grading.submission_seed(_submission(FLAKY_ANSWER + "# edited\n"), b"k")
+    assert judging.submission_seed(notebook, b"k") == judging.submission_seed(with_outputs, b"k")
+    assert judging.submission_seed(notebook, b"k") != judging.submission_seed(_submission(FLAKY_ANSWER + "# edited\n"), b"k")
     # Another instructor secret, other cases: a learner who knows the code cannot know the cases.
-    assert grading.submission_seed(notebook, b"k") != grading.submission_seed(notebook, b"other")
+    assert judging.submission_seed(notebook, b"k") != judging.submission_seed(notebook, b"other")
 
 
 def test_the_launcher_limits_memory_and_cpu_time():
@@ -309,7 +309,7 @@ def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
     from labkit.exercises.definitions import draw_cases
 
     exercise = get("00.softmax_temperature")
-    _, plan, drawn = grading._plan("00", seed=5)
+    _, plan, drawn = judging.plan("00", seed=5)
     cases, _ = drawn["00.softmax_temperature"]
     assert len(exercise.grader_cases) == 3
     assert len(cases) == len(exercise.hand_cases) + len(exercise.grader_cases) + exercise.n_random

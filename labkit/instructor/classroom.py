@@ -105,7 +105,8 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from labkit.instructor.grading import IsolationUnavailable, grading_secret
+    from labkit.instructor.grading import IsolationUnavailable
+    from labkit.instructor.judging import grading_secret
     from labkit.instructor.sandbox import isolation_problem, stop_all
 
     folder, out = Path(folder), Path(out)
@@ -123,7 +124,7 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     secret = grading_secret() if secret is None else secret
     reports: dict[Path, dict[str, Any]] = {}
     # Threads suffice here: each submission runs in its own walled-off process tree, and this process only
-    # prepares cases and judges answers (one thread at a time, see grading._JUDGE).
+    # prepares cases and judges answers (one thread at a time, see judging.JUDGE).
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits, secret, isolate): (learner, path)
                    for learner, path in submissions}

@@ -85,7 +85,8 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
     from labkit.instructor.classroom import format_class_summary, grade_class
-    from labkit.instructor.grading import IsolationUnavailable, format_report, grade_notebook, grading_secret
+    from labkit.instructor.grading import IsolationUnavailable, format_report, grade_notebook
+    from labkit.instructor.judging import grading_secret
 
     if args.cell_timeout < 1:
         parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")

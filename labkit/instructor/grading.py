@@ -22,19 +22,17 @@ A class (a folder of submissions, a CSV gradebook) is ``labkit.instructor.classr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import secrets
 import stat
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from labkit.instructor.judging import JUDGE, grading_secret, judge, plan, submission_seed
 from labkit.instructor.kernel_limits import Limits
 
 # Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
@@ -58,43 +56,10 @@ def printable(value: Any) -> Any:
 KERNEL_LOG_LINES = 20
 MAX_NOTEBOOK_BYTES = 32 * 2**20  # a submission larger than this is not read
 MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
-SECRET_ENV = "LABKIT_GRADING_SECRET"
-_JUDGE = threading.Lock()  # labkit's references (the model among them) are run by one thread at a time
 
 
 class IsolationUnavailable(RuntimeError):
     """Submissions cannot be walled off here, and the instructor did not opt in to grading without the wall."""
-
-
-def grading_secret(secret_file: Path | None = None) -> bytes:
-    """The instructor's secret: ``secret_file``'s content, else ``$LABKIT_GRADING_SECRET``, else labkit's own,
-    made once at random and kept (readable by its owner only) in the user data directory."""
-    if secret_file is not None:
-        value = Path(secret_file).read_bytes().strip()
-        if not value:
-            raise ValueError(f"secret_file {secret_file} is empty; it must hold the instructor's secret")
-        return value
-    if os.environ.get(SECRET_ENV):
-        return os.environ[SECRET_ENV].encode()
-    from labkit.exercises.progress import progress_path
-
-    kept = progress_path().with_name("grading-secret")
-    if not kept.exists():
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_hex(32))
-    return kept.read_bytes().strip()
-
-
-def submission_seed(notebook: Any, secret: bytes = b"") -> int:
-    """The grading seed of a submission: a hash of the secret and its code cells (not outputs or metadata)."""
-    code = "\0".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
-    return int.from_bytes(hashlib.sha256(secret + b"\0" + code.encode()).digest()[:4], "big") >> 1
-
-
-def _hash_to_seed(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1  # below 2**31
 
 
 def lab_of(notebook: Any, path: Path) -> str:
@@ -125,28 +90,6 @@ def read_submission(path: Path) -> bytes:
     return data
 
 
-def _plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str, Any]]:
-    """The lab's exercises, what the worker gets (per exercise: its seed and the case inputs), and per exercise
-    the cases drawn (or the reason labkit could not draw them)."""
-    from labkit.exercises import exercises
-    from labkit.exercises.definitions import draw_cases
-    from labkit.instructor import wire
-
-    chosen, plan, drawn = exercises(lab), [], {}
-    for exercise in chosen:
-        exercise_seed = _hash_to_seed(f"{seed}:{exercise.id}")
-        try:
-            cases = (list(exercise.hand_cases) if exercise.kind == "prediction"
-                     else draw_cases(exercise, exercise_seed, exercise.grader_cases))
-        except Exception as error:  # noqa: BLE001 - labkit's side: reported on that exercise
-            drawn[exercise.id] = error
-            continue
-        drawn[exercise.id] = (cases, exercise_seed)
-        plan.append({"id": exercise.id, "seed": exercise_seed,
-                     "cases": [wire.to_plain((case.args, case.kwargs), objects=True) for case in cases]})
-    return chosen, plan, drawn
-
-
 def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limits(), *,
                    secret: bytes | None = None, isolate: bool = True) -> dict[str, Any]:
     """Run a submitted notebook walled off and score each exercise of its lab. Returns the report (JSON-ready).
@@ -171,15 +114,15 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     secret = grading_secret() if secret is None else secret
     seed = submission_seed(notebook, secret)
     started = time.perf_counter()
-    with _JUDGE:
+    with JUDGE:
         _warm_model_cache()
-        chosen, plan, drawn = _plan(lab, seed)
+        chosen, worker_plan, drawn = plan(lab, seed)
     with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as scratch:
         job = Path(scratch) / "job"
         (job / "out").mkdir(parents=True)
         (job / "home").mkdir()
         (job / "submission.ipynb").write_bytes(original)
-        (job / "cases.json").write_text(json.dumps({"exercises": plan}), encoding="utf-8")
+        (job / "cases.json").write_text(json.dumps({"exercises": worker_plan}), encoding="utf-8")
         inside = Path(sandbox.INSIDE_JOB) if isolate else job
         run = sandbox.run_walled(
             [sys.executable, "-m", "labkit.instructor.worker", "--job", str(inside),
@@ -191,8 +134,8 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     status = status if isinstance(status, dict) else {}
     if answer_problem:
         answer_problem = run.stopped or _answer_cell_problem(status) or answer_problem
-    with _JUDGE:
-        results = [_judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
+    with JUDGE:
+        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
     return printable({
         "notebook": str(path),
         "lab": lab,
@@ -282,65 +225,6 @@ def _cell_errors(status: dict[str, Any], cell_timeout_s: int) -> list[dict[str, 
                 text = timed_out  # the grader's interrupt surfaces in the kernel as KeyboardInterrupt
             errors.append({"cell": int(cell), "error": text})
     return sorted(errors, key=lambda e: e["cell"])
-
-
-def _judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
-    """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
-    the error that stopped labkit drawing them."""
-    from labkit.exercises.checking import check_function, code_verdict, labkit_error, prediction_verdict
-    from labkit.exercises.definitions import Verdict
-
-    answer = answers.get(exercise.id) if isinstance(answers, dict) else None
-    if isinstance(cases, BaseException):
-        verdict = labkit_error(exercise, "labkit could not draw the cases", cases)
-    elif cases is None:
-        verdict = Verdict(exercise, "failed", ("could not be graded: no cases were drawn",))
-    elif problem is not None:
-        verdict = Verdict(exercise, "failed", (f"could not be graded: {problem}",))
-    elif not isinstance(answer, dict):
-        verdict = Verdict(exercise, "failed", ("could not be graded: the notebook's run gave no answer for it",))
-    elif answer.get("missing") is True:
-        verdict = check_function(exercise, None)
-    elif "not_callable" in answer:
-        verdict = Verdict(exercise, "failed", (
-            f"`{exercise.function}` should be a function, it is a {str(answer['not_callable'])[:60]}",))
-    else:
-        outcomes = answer.get("outcomes") if isinstance(answer.get("outcomes"), list) else []
-        outcome_of = (lambda number, case: _outcome(outcomes[number] if number < len(outcomes) else None))
-        if exercise.kind == "prediction":
-            verdict = prediction_verdict(exercise, lambda: outcome_of(0, None))
-        else:
-            verdict = code_verdict(exercise, cases[0], cases[1], outcome_of)
-    return {"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": verdict.status,
-            "points": verdict.points, "max_points": exercise.points, "close": verdict.close,
-            "details": list(verdict.lines)}
-
-
-def _outcome(data: Any) -> Any:
-    """What one call did, rebuilt from the worker's plain data (anything malformed is an error, never a pass)."""
-    from labkit.exercises.calling import FLOOD_CHARS, Outcome
-    from labkit.exercises.checking import ReportedError
-    from labkit.instructor import wire
-
-    outcome = Outcome()
-    if not isinstance(data, dict):
-        outcome.error = ReportedError("NoAnswer", "the grader got no answer for this case (the run stopped)")
-        return outcome
-    outcome.printed = str(data.get("printed") or "")[: FLOOD_CHARS + 1]
-    outcome.timed_out = data.get("timed_out") is True
-    outcome.called_forbidden = str(data["forbidden"])[:200] if data.get("forbidden") else None
-    outcome.mutated = str(data["mutated"])[:300] if data.get("mutated") else None
-    if "error" in data:
-        error = data["error"] if isinstance(data["error"], list) and len(data["error"]) == 2 else ["Error", ""]
-        name, message = str(error[0])[:80], str(error[1])[:500]
-        outcome.error = NotImplementedError(message) if name == "NotImplementedError" else ReportedError(name, message)
-        outcome.where = str(data["where"])[:300] if data.get("where") else None
-        return outcome
-    try:
-        outcome.value = wire.from_plain(data.get("value"))
-    except (wire.WireError, RecursionError, ValueError, TypeError) as error:
-        outcome.error = ReportedError("UnreadableAnswer", f"the answer could not be read back: {error}")
-    return outcome
 
 
 def format_report(report: dict[str, Any]) -> str:
