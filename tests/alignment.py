@@ -19,6 +19,7 @@ import torch
 
 from labkit import runtime
 from labkit.runtime.cache import _layer_tensors
+from labkit.runtime.generation import full_logits, greedy_margins
 
 
 def misaligned(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,3 +73,10 @@ def logits_atol(lm, logits: torch.Tensor) -> float:
     n_layers = runtime.module_of(lm).config.num_hidden_layers
     eps = torch.finfo(torch.float32).eps
     return float(8 * eps * n_layers * logits.abs().max().clamp_min(1.0))
+
+
+def assert_clear_greedy_choices(lm, prompt_ids, new_token_ids):
+    """Every greedy step is decided by a margin far above the float32 difference two paths may show."""
+    margins = greedy_margins(lm, prompt_ids, new_token_ids)
+    bound = logits_atol(lm, full_logits(lm, torch.cat([prompt_ids, new_token_ids], dim=1)))
+    assert float(margins.min()) > 10 * bound, (margins, bound)

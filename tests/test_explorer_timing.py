@@ -1,12 +1,11 @@
 """The latency explorer: compute() agrees with the core's model, render() moves artists in place, the widget
-answers every control; the lab's static figures draw."""
+answers every control."""
 
 import pytest
 
 from labkit.core.latency_model import LatencyModel, fit_latency
 from labkit.explorers.timing import (
-    MeasuredPoint, TimingFigure, compute, fit_table, points_from_batches, render, roofline_figure, steps_figure,
-    summary_html, timing_explorer,
+    MeasuredPoint, TimingFigure, compute, fit_table, points_from_batches, render, summary_html, timing_explorer,
 )
 
 LATENCY = LatencyModel(0.02, 0.001, 0.06, 0.004, 1e-6)
@@ -71,12 +70,6 @@ def test_points_from_batches_reads_attributes():
         batch_size, ttft_s, tpot_s, e2e_s, tokens_per_s = 2, 0.1, 0.05, 0.5, 20.0
 
     assert points_from_batches([Point()], 32, 5) == (MeasuredPoint(32, 5, 2, 0.1, 0.05, 0.5, 20.0),)
-
-
-def test_static_figures_draw():
-    figure = roofline_figure(1e11, 1e10, {"decode": (0.5, 2e9), "prefill 64": (30.0, 5e10)})
-    assert len(figure.axes[0].collections) == 2 and "ridge at 10.0" in figure.axes[0].get_title()
-    assert len(steps_figure([5, 6, 7], [0.3, 0.1, 0.1], [0.3, 0.3, 0.35]).axes[0].lines) == 2
 
 
 FIT = fit_latency([(8, 1, 0.03), (64, 1, 0.08), (512, 1, 0.55)],
