@@ -141,7 +141,7 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
     keeps no cache (scoring a text in one pass). ``device`` defaults to the model's and, when given, must be it.
     A batch of prompts of different lengths is left-padded: ``attention_mask`` (``[batch, cached + seq_len]``, 1
     for a real token, 0 for padding) hides the padding and ``position_ids`` (``[batch, seq_len]``) numbers each
-    sequence's real tokens from 0 (:func:`labkit.runtime.generation.generate_requests` builds both).
+    sequence's real tokens from 0 (:func:`labkit.runtime.batching.generate_requests` builds both).
     """
     module = module_of(lm)
     _check_ids(ids, "ids")
