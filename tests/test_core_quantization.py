@@ -6,9 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 from labkit.core.memory import stored_bytes
 from labkit.core.quantization import (
-    code_range, fake_quantize, fake_quantize_outliers_kept, gptq, gptq_column_order, int8_decomposed_matmul, layer_output_error,
-    minmax_qparams, outlier_channels, per_token_fake_quantize, quantize, quantize_with, relative_error,
-    round_to_nearest, smooth, smoothquant_scales, sqnr_db, ste_fake_quantize,
+    code_range, fake_quantize, minmax_qparams, quantize, quantize_with, relative_error, sqnr_db, ste_fake_quantize,
 )
 
 TABLE_8_7 = torch.tensor([-2.0, -0.6, 0.0, 1.4, 5.0])
@@ -64,8 +62,6 @@ def test_bad_arguments():
         quantize(torch.ones(3, dtype=torch.int64), 8)
     with pytest.raises(ValueError, match="x must be finite everywhere"):
         quantize(torch.tensor([1.0, float("nan")]), 8)
-    with pytest.raises(ValueError, match="alpha must be a real number in \\[0, 1\\]"):
-        smoothquant_scales(torch.ones(2), torch.ones(2), 1.5)
 
 
 def test_all_zero_tensor_round_trips():
@@ -180,126 +176,9 @@ def test_fake_quantize_is_idempotent_and_finer_granularity_never_worse_on_max_er
     assert bool((per_row.scales <= per_tensor.scales * (1 + 1e-6)).all())
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.floats(0, 1))
-def test_smoothing_leaves_the_product_unchanged(seed, alpha):
-    x, w = _random((5, 16), seed, 4.0), _random((7, 16), seed + 1)
-    xs, ws, s = smooth(x.double(), w.double(), alpha)
-    assert torch.allclose(xs @ ws.T, x.double() @ w.double().T, rtol=1e-9, atol=1e-9)
-    assert bool((s > 0).all())
-
-
-def test_smoothing_hand_case_and_alpha_one_flattens_activations():
-    assert smoothquant_scales(torch.tensor([16.0, 1.0]), torch.tensor([1.0, 4.0]), 0.5).tolist() == [4.0, 0.5]
-    x, w = _random((8, 6), 0) * torch.tensor([1, 1, 50, 1, 1, 1.0]), _random((4, 6), 1)
-    xs, _, _ = smooth(x, w, 1.0)
-    assert torch.allclose(xs.abs().amax(dim=0), torch.ones(6))  # every channel's max becomes 1
-
-
-# ----- outliers -----
-
-def test_outlier_channels_at_the_threshold():
-    x = torch.tensor([[0.5, -6.0, 5.999], [1.0, 0.0, 2.0]])
-    assert outlier_channels(x).tolist() == [False, True, False]
-    assert outlier_channels(x, 0.5).tolist() == [True, True, True]
-
-
-def test_outliers_kept_beats_per_token_which_beats_per_tensor_on_a_massive_channel():
-    x = _random((16, 64), 0)
-    x[0, 7] = 2000.0  # a massive activation on the first token
-    x[:, 3] += 20.0  # a systematic outlier channel
-    per_tensor = relative_error(x, fake_quantize(x, 8))
-    per_token = relative_error(x, per_token_fake_quantize(x))
-    kept = relative_error(x, fake_quantize_outliers_kept(x, 6.0))
-    assert kept < per_token < per_tensor
-    assert torch.equal(fake_quantize_outliers_kept(x, 6.0)[:, 3], x[:, 3])  # outlier columns stay exact
-
-
-def test_int8_decomposition_is_close_and_exact_when_everything_is_an_outlier():
-    x, w = _random((12, 32), 0), _random((10, 32), 1)
-    x[:, 5] *= 40
-    exact = x @ w.T
-    assert relative_error(exact, int8_decomposed_matmul(x, w)) < 0.02
-    assert torch.allclose(int8_decomposed_matmul(x, w, threshold=1e-9), exact, atol=1e-5)
-
-
 def test_sqnr_hand_case():
     assert sqnr_db(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 3.0])) == pytest.approx(13.9794, abs=1e-4)
     assert sqnr_db(torch.ones(3), torch.ones(3)) == float("inf")
-
-
-# ----- GPTQ -----
-
-def _correlated_inputs(n, d, seed):
-    generator = torch.Generator().manual_seed(seed)
-    mixing = torch.randn(d, d, generator=generator) / d**0.5
-    scales = torch.logspace(-1, 1, d)
-    return (torch.randn(n, d, generator=generator) * scales) @ mixing + torch.randn(n, d, generator=generator) * 0.1
-
-
-@pytest.mark.parametrize("group_size,scheme", [(None, "symmetric"), (16, "symmetric"), (16, "affine")])
-def test_gptq_beats_round_to_nearest_on_layer_output(group_size, scheme):
-    w, x = _random((24, 64), 0), _correlated_inputs(256, 64, 1)
-    ours = gptq(w, x, 4, group_size, scheme=scheme)
-    rtn = round_to_nearest(w, 4, group_size, scheme)
-    assert ours.codes.shape == w.shape and ours.scales.shape == rtn.scales.shape
-    assert layer_output_error(w, ours.dequantize(), x) < 0.9 * layer_output_error(w, rtn.dequantize(), x)
-
-
-def test_gptq_with_identity_hessian_is_round_to_nearest():
-    # Inputs whose X^T X is a multiple of I: no correlations, so no error has anywhere useful to go.
-    w = _random((8, 16), 2)
-    x = torch.eye(16) * 3.0
-    ours = gptq(w, x, 4, damp=1e-9)
-    assert torch.equal(ours.codes, round_to_nearest(w, 4).codes)
-
-
-def test_act_order_takes_the_largest_hessian_diagonal_first():
-    x = torch.tensor([[1.0, 3.0, 0.0, 2.0], [1.0, 0.0, 2.0, 0.0]])  # diag(2 X^T X) = 4, 18, 8, 8
-    assert gptq_column_order(x, act_order=True).tolist() == [1, 2, 3, 0]  # the tie 8, 8 keeps index order
-    assert gptq_column_order(x).tolist() == [0, 1, 2, 3]  # Algorithm 1: left to right
-    diagonal = torch.diagonal(2 * x.T.double() @ x.double())
-    assert torch.equal(diagonal[gptq_column_order(x, act_order=True)], diagonal.sort(descending=True).values)
-
-
-def test_act_order_per_row_is_plain_gptq_on_the_reordered_columns():
-    # Per output row (no groups) the scales do not depend on the order, so act-order is GPTQ on W[:, order].
-    w, x = _random((12, 32), 3), _correlated_inputs(128, 32, 4)
-    order = gptq_column_order(x, act_order=True)
-    ours = gptq(w, x, 4, act_order=True)
-    reordered = gptq(w[:, order], x[:, order], 4)
-    assert (ours.codes[:, order] != reordered.codes).float().mean() < 0.01  # the same up to a rare rounding tie
-    assert torch.allclose(ours.scales, reordered.scales)
-
-
-@pytest.mark.parametrize("group_size,scheme", [(None, "symmetric"), (16, "symmetric"), (16, "affine")])
-def test_act_order_keeps_the_layout_and_beats_round_to_nearest(group_size, scheme):
-    w, x = _random((24, 64), 0), _correlated_inputs(256, 64, 1)
-    ours = gptq(w, x, 4, group_size, scheme=scheme, act_order=True)
-    rtn = round_to_nearest(w, 4, group_size, scheme)
-    assert ours.codes.shape == w.shape and ours.scales.shape == rtn.scales.shape
-    q_min, q_max = code_range(4, scheme)
-    assert int(ours.codes.min()) >= q_min and int(ours.codes.max()) <= q_max
-    assert layer_output_error(w, ours.dequantize(), x) < 0.9 * layer_output_error(w, rtn.dequantize(), x)
-
-
-def test_fewer_calibration_samples_than_inputs_overfit():
-    # n_samples < in: H is singular before damping, and GPTQ fits those samples far better than fresh ones.
-    # Inputs of 64 channels: 32 samples span half of them, and GPTQ spends the other half's weights on those.
-    w, x = _random((24, 64), 5), _random((2048, 64), 6)
-    few, fresh = x[:32], x[1024:]
-    fitted, rtn = gptq(w, few, 4).dequantize(), round_to_nearest(w, 4).dequantize()
-    assert layer_output_error(w, fitted, few) < 0.6 * layer_output_error(w, rtn, few)
-    assert layer_output_error(w, fitted, fresh) > 1.2 * layer_output_error(w, rtn, fresh)  # worse than no GPTQ
-
-
-def test_gptq_arguments():
-    with pytest.raises(ValueError, match="inputs must be 2-D \\[n_samples, 16\\]"):
-        gptq(torch.zeros(4, 16), torch.zeros(3, 8))
-    with pytest.raises(ValueError, match="group_size must be a divisor of the row length 16"):
-        gptq(torch.zeros(4, 16), torch.ones(3, 16), group_size=5)
-    with pytest.raises(TypeError, match="act_order must be True or False"):
-        gptq(torch.zeros(4, 16), torch.ones(3, 16), act_order="yes")
 
 
 @settings(max_examples=40, deadline=None)

@@ -5,7 +5,8 @@ column loop, each with its bug zoo."""
 import pytest
 import torch
 
-from labkit.core import quantization as Q
+from labkit.core.gptq import layer_output_error, round_to_nearest
+from labkit.core.outlier_schemes import outlier_channels
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
 from labkit.exercises.lab04 import _linear_input as PREDICT_INPUT
@@ -128,18 +129,18 @@ def test_int8_matmul_hand_cases_are_what_their_labels_say(embedded):
     assert len(cases) == len(INT8_MATMUL.hand_cases) == 6
     plain, all_float, exact, zero_rows, one_token, real = cases
     reference = INT8_MATMUL.reference
-    assert not bool(Q.outlier_channels(plain.args[0], 6.0).any())
+    assert not bool(outlier_channels(plain.args[0], 6.0).any())
     assert torch.allclose(reference(*plain.args), _rowwise(plain.args[0]) @ _rowwise(plain.args[1]).T)
-    assert bool(Q.outlier_channels(all_float.args[0], 6.0).all())
+    assert bool(outlier_channels(all_float.args[0], 6.0).all())
     assert torch.equal(reference(*all_float.args), all_float.args[0] @ all_float.args[1].T)
-    assert Q.outlier_channels(exact.args[0], 6.0).tolist() == [True, False, False, False]
+    assert outlier_channels(exact.args[0], 6.0).tolist() == [True, False, False, False]
     out = reference(*zero_rows.args)
     assert not bool(out.isnan().any())
     assert torch.equal(out[0], torch.zeros(3)) and torch.equal(out[2], torch.zeros(3)) and bool(out[1].ne(0).any())
-    assert Q.outlier_channels(one_token.args[0], one_token.args[2]).tolist() == [False, False, True, False]
+    assert outlier_channels(one_token.args[0], one_token.args[2]).tolist() == [False, False, True, False]
     x, weight, threshold = real.args
     assert x.shape[1] == weight.shape[1] == 576 and torch.equal(x, PREDICT_INPUT())
-    assert int(Q.outlier_channels(x, threshold).sum()) == int(PREDICT.reference())
+    assert int(outlier_channels(x, threshold).sum()) == int(PREDICT.reference())
     outputs = [wrong(*exact.args) for wrong in (int8_solution, scales_with_outliers, strictly_above,
                                                  outliers_dropped, outliers_per_token)]
     assert all(not torch.allclose(outputs[i], outputs[j]) for i in range(len(outputs)) for j in range(i))
@@ -293,8 +294,8 @@ def test_gptq_columns_beats_round_to_nearest_on_held_out_tokens(embedded):
     eval_ids = tokenize_sections(embedded.tokenizer, load_eval_text()).token_ids
     held_out = linear_inputs(embedded, "model.layers.3.self_attn.q_proj", eval_ids)[1024:].double()
     mine = gptq_solution(weight, calibration, bits, damp)
-    rtn = Q.round_to_nearest(weight, bits).dequantize()
-    assert Q.layer_output_error(weight, mine, held_out) < 0.9 * Q.layer_output_error(weight, rtn, held_out)
+    rtn = round_to_nearest(weight, bits).dequantize()
+    assert layer_output_error(weight, mine, held_out) < 0.9 * layer_output_error(weight, rtn, held_out)
 
 
 def test_gptq_columns_says_what_may_be_called():

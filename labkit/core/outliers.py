@@ -6,7 +6,7 @@ residual-stream entry thousands of times larger than the typical entry of its se
 magnitude (Sun et al.'s absolute floor). Lab 04 lists them (:func:`labkit.runtime.activations.massive_activations`),
 finds the layer where they appear and zeroes them there (:mod:`labkit.runtime.activations`). The outlier
 channels of LLM.int8() (a fixed threshold on a Linear's input) are
-:func:`labkit.core.quantization.outlier_channels`.
+:func:`labkit.core.outlier_schemes.outlier_channels`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import functools
 
 import torch
 
-from labkit.core.quantization import gptq, int8_decomposed_matmul, outlier_channels
+from labkit.core.gptq import gptq
+from labkit.core.outlier_schemes import int8_decomposed_matmul, outlier_channels
 from labkit.exercises import register
 from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 

@@ -2,7 +2,7 @@
 
 :func:`quantized_model` is a context manager. It copies the model (:func:`labkit.runtime.model_copy`),
 replaces each chosen ``torch.nn.Linear`` of the copy by a :class:`QuantizedLinear` that computes with
-fake-quantized weights and activations (labkit.core.quantization), and yields the copy. There is nothing to
+fake-quantized weights and activations (labkit.core.quantization, labkit.core.outlier_schemes), and yields the copy. There is nothing to
 restore on exit: the shared model was never touched (a test compares every tensor of it before and after).
 
 What is simulated: the numbers a quantized kernel would compute with (fake quantization in float32), not its
@@ -26,8 +26,9 @@ from typing import Any, Iterator
 
 import torch
 
-from labkit.core.quantization import (GRANULARITIES, LLM_INT8_THRESHOLD, SCHEMES, fake_quantize,
-                                      int8_decomposed_matmul, per_token_fake_quantize, smoothquant_scales)
+from labkit.core.outlier_schemes import (LLM_INT8_THRESHOLD, int8_decomposed_matmul, per_token_fake_quantize,
+                                         smoothquant_scales)
+from labkit.core.quantization import GRANULARITIES, SCHEMES, fake_quantize
 from labkit.core.validation import choice, fail, instance, integer, real
 from labkit.runtime.capture import capture, layer_names
 from labkit.runtime.forward import model_copy, module_of
