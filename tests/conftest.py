@@ -60,3 +60,18 @@ def embedded():
     from labkit.runtime.models import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random Llama of tests/toys.py (no model file: it also runs on older transformers)."""
+    pytest.importorskip("transformers")
+    from toys import tiny_llama
+
+    return tiny_llama()
+
+
+@pytest.fixture(params=["tiny", "embedded"])
+def lm(request):
+    """Each model-level property once on the tiny Llama and once on the embedded model (runtime tests)."""
+    return request.getfixturevalue(request.param)

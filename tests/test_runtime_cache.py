@@ -9,20 +9,9 @@ import pytest
 import torch
 
 from alignment import logits_atol, misaligned_cache
-from toys import random_token_ids, tiny_llama
+from toys import random_token_ids
 from labkit.core.sampling import choice_margin
 from labkit.runtime import cache_bytes, cache_length, copy_cache, crop, decode_one_token, forward, prefill
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    pytest.importorskip("transformers")
-    return tiny_llama()
-
-
-@pytest.fixture(params=["tiny", "embedded"])
-def lm(request):
-    return request.getfixturevalue(request.param)
 
 
 def test_crop_then_decode_equals_decoding_directly(lm):

@@ -8,20 +8,9 @@ model file, so it also checks older transformers: ``PYTHONPATH=<transformers 4.4
 import pytest
 import torch
 
-from toys import random_token_ids, shape_of, tiny_llama
+from toys import random_token_ids, shape_of
 from labkit import runtime
 from labkit.runtime import capture, forward, layer_names
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    pytest.importorskip("transformers")
-    return tiny_llama()
-
-
-@pytest.fixture(params=["tiny", "embedded"])
-def lm(request):
-    return request.getfixturevalue(request.param)
 
 
 def test_capture_records_the_residual_stream_like_transformers(lm):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from alignment import logits_atol, misaligned_cache, misaligned_model
-from toys import Bigram, random_token_ids, shape_of, tiny_llama
+from toys import Bigram, random_token_ids, shape_of
 from labkit import runtime
 from labkit.core.sampling import choice_margin
 from labkit.runtime import (
@@ -22,17 +22,6 @@ from labkit.runtime import (
 from labkit.runtime.generation import greedy_margins
 
 ATOL = 1e-3  # cached and uncached passes sum in different orders; FP32 logits of this model agree far closer
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    pytest.importorskip("transformers")
-    return tiny_llama()
-
-
-@pytest.fixture(params=["tiny", "embedded"])
-def lm(request):
-    return request.getfixturevalue(request.param)
 
 
 def test_forward_last_is_the_last_row_of_all(lm):
