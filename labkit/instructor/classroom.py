@@ -105,9 +105,9 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
-    from labkit.instructor.grading import IsolationUnavailable
+    from labkit.instructor.grading import require_isolation
     from labkit.instructor.judging import grading_secret
-    from labkit.instructor.sandbox import isolation_problem, stop_all
+    from labkit.instructor.sandbox import stop_all
 
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
@@ -117,10 +117,8 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     submissions = find_submissions(folder)
     if not submissions:
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
-    if isolate and isolation_problem():
-        raise IsolationUnavailable(f"labkit grade walls off each submission with bubblewrap, and "
-                                   f"{isolation_problem()}. Install it, or grade without the wall with "
-                                   "--no-isolation (only for submissions you trust)")
+    if isolate:
+        require_isolation()
     secret = grading_secret() if secret is None else secret
     reports: dict[Path, dict[str, Any]] = {}
     # Threads suffice here: each submission runs in its own walled-off process tree, and this process only

@@ -58,6 +58,17 @@ MAX_NOTEBOOK_BYTES = 32 * 2**20  # a submission larger than this is not read
 MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
 
 
+def require_isolation() -> None:
+    """Raise :class:`IsolationUnavailable`, saying why and what to do, when submissions cannot be walled off."""
+    from labkit.instructor.sandbox import isolation_problem
+
+    problem = isolation_problem()
+    if problem:
+        raise IsolationUnavailable(
+            f"labkit grade walls off each submission with bubblewrap, and {problem}. Install it, or grade without "
+            "the wall with --no-isolation (every report then says 'not isolated'; only for submissions you trust)")
+
+
 class IsolationUnavailable(RuntimeError):
     """Submissions cannot be walled off here, and the instructor did not opt in to grading without the wall."""
 
@@ -103,11 +114,8 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     from labkit.instructor.review import review_notebook
 
     path = Path(path)
-    if isolate and sandbox.isolation_problem():
-        raise IsolationUnavailable(
-            f"labkit grade walls off each submission with bubblewrap, and {sandbox.isolation_problem()}. Install "
-            "it, or grade without the wall with --no-isolation (every report then says 'not isolated'; only for "
-            "submissions you trust)")
+    if isolate:
+        require_isolation()
     original = read_submission(path)
     notebook = nbformat.reads(original.decode("utf-8", errors="replace"), as_version=4)
     lab = lab_of(notebook, path)
