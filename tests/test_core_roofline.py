@@ -3,6 +3,7 @@
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -12,8 +13,8 @@ from labkit.core.memory import kv_bytes_per_token, param_count
 from labkit.core.presets import gpu_peak_flops, gpu_preset, model_preset
 from labkit.core.resources import load_json
 from labkit.core.roofline import (
-    StepCost, attainable_flops_per_s, attended_keys, bandwidth_utilization, decode_floor_s, ridge_point,
-    roofline_time, step_cost,
+    StepCost, attainable_flops_per_s, attended_keys, bandwidth_utilization, decode_floor_s, fit_step_time,
+    ridge_point, roofline_time, step_cost,
 )
 from labkit.core.spec import ModelSpec
 from toys import tiny_llama_config
@@ -149,3 +150,37 @@ def test_decode_floor_and_utilization_by_hand():
     assert decode_floor_s(538_060_032, 20e9) == pytest.approx(0.0269030016)
     assert bandwidth_utilization(538_060_032, 1 / decode_floor_s(538_060_032, 20e9), 20e9) == pytest.approx(1.0)
     assert bandwidth_utilization(1e9, 5, 20e9) == 0.25
+
+
+# ----- the line time = overhead + bytes / bandwidth through measured formats -----
+
+def test_step_time_fit_recovers_an_exact_line_and_ignores_a_stalled_repeat():
+    sizes = [538_060_032, 269_030_016, 134_515_008]  # SmolLM2-135M in 4, 2 and 1 bytes per weight
+    times = [[0.012 + size / 30e9] * 3 for size in sizes]
+    times[1][2] = 10.0  # one stalled repeat: the median ignores it
+    fit = fit_step_time(sizes, times)
+    assert fit.overhead_s == pytest.approx(0.012, rel=1e-12)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(30e9, rel=1e-12)
+    assert fit.time_s(0) == pytest.approx(0.012, rel=1e-12) and fit.n_points == 3
+    assert fit.overhead_se_s == pytest.approx(0, abs=1e-12)  # three points on one line: no scatter
+
+
+def test_step_time_fit_is_numpys_least_squares_with_its_standard_errors():
+    generator = np.random.default_rng(0)
+    sizes = np.array([5.4e8, 2.7e8, 1.4e8, 0.7e8])
+    medians = 0.02 + sizes / 25e9 + generator.normal(0, 1e-3, 4)
+    fit = fit_step_time(sizes, medians[:, None])
+    slope, intercept = np.polyfit(sizes, medians, 1)  # numpy's own fit, an independent implementation
+    assert (fit.seconds_per_byte, fit.overhead_s) == pytest.approx((slope, intercept), rel=1e-9)
+    _, covariance = np.polyfit(sizes, medians, 1, cov="unscaled")
+    sigma2 = np.sum((medians - (intercept + slope * sizes)) ** 2) / 2
+    assert (fit.seconds_per_byte_se, fit.overhead_se_s) == pytest.approx(
+        tuple(np.sqrt(sigma2 * np.diag(covariance))), rel=1e-6)
+
+
+def test_step_time_fit_with_no_cost_per_byte_has_no_finite_bandwidth_and_rejects_bad_input():
+    assert fit_step_time([2e8, 1e8], [[0.05], [0.05]]).bandwidth_bytes_per_s == math.inf
+    with pytest.raises(ValueError, match="at least two distinct"):
+        fit_step_time([2e8, 2e8], [[0.05], [0.04]])
+    with pytest.raises(ValueError, match=re.escape("bytes_read [k] and step_s [k, repeats]")):
+        fit_step_time([2e8, 1e8], [0.05, 0.04])

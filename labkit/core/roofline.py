@@ -6,6 +6,7 @@ for QK^T and AV) and bytes moved (every weight once per step, the KV cache read 
 The roofline: arithmetic intensity = FLOPs / bytes, ridge point = peak FLOP/s / bandwidth, a step's time floor =
 max(FLOPs / peak, bytes / bandwidth); the decode floor is bytes per token / bandwidth and bandwidth utilization =
 bytes per token x tokens/s / bandwidth. A GPU's peak FLOP/s is a preset (``labkit.core.presets.gpu_peak_flops``).
+Measured steps read back: a least-squares line time = overhead + bytes / bandwidth through several weight formats.
 
 Left out: norms, softmax, rotary embeddings and the sampler (a few FLOPs per value, no weights), and activation
 traffic (it stays in cache at small batch).
@@ -13,7 +14,10 @@ traffic (it stays in cache at small batch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from labkit.core.memory import LLAMA, BlockLayout, format_bits, kv_bytes_per_token, param_breakdown
 from labkit.core.resources import GB
@@ -177,3 +181,63 @@ def gb_per_s(bandwidth_bytes_per_s: float) -> float:
     25.0
     """
     return real("bandwidth_bytes_per_s", bandwidth_bytes_per_s, min=0) / GB
+
+
+@dataclass(frozen=True)
+class StepTimeFit:
+    """time per step = overhead_s + bytes / bandwidth, a least-squares line through measured (bytes, time) points.
+
+    The standard errors are the ordinary least-squares ones, sigma x sqrt(diag((X^T X)^-1)) with sigma^2 = RSS /
+    (n - 2): NaN with two points (the line passes through both; nothing is left over to measure the scatter).
+    """
+
+    overhead_s: float  # the intercept: what a step costs whatever it reads
+    seconds_per_byte: float  # the slope: 1 / the bandwidth the steps achieve
+    overhead_se_s: float
+    seconds_per_byte_se: float
+    n_points: int
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        """1 / slope; infinite when the points show no cost per byte (fewer bytes bought no time)."""
+        return 1 / self.seconds_per_byte if self.seconds_per_byte > 0 else math.inf
+
+    def time_s(self, bytes_read: float) -> float:
+        return self.overhead_s + self.seconds_per_byte * bytes_read
+
+
+def fit_step_time(bytes_read, step_s) -> StepTimeFit:
+    """The line time = overhead + bytes / bandwidth through each format's (bytes read, median step time).
+
+    ``bytes_read``: [k] bytes one step reads in each of k formats (at least two distinct values); ``step_s``: [k,
+    repeats] each format's measured step times in seconds. Each row's median is its point: one stalled repeat
+    moves a mean, not a median. The intercept is not forced to 0: a step's fixed costs (kernel launches, Python,
+    the layers' small operations) do not shrink with the weights.
+
+    >>> fit = fit_step_time([4e8, 2e8, 1e8], [[0.036], [0.028], [0.024]])  # 20 ms + bytes / 25 GB/s
+    >>> round(fit.overhead_s * 1e3, 9), round(fit.bandwidth_bytes_per_s / GB, 9)
+    (20.0, 25.0)
+    >>> fit = fit_step_time([4e8, 2e8], [[0.036, 0.036, 0.1], [0.028, 0.5, 0.028]])  # one stall per row
+    >>> round(fit.overhead_s * 1e3, 9), math.isnan(fit.overhead_se_s)
+    (20.0, True)
+    """
+    x = np.asarray(bytes_read, dtype=np.float64)
+    times = np.asarray(step_s, dtype=np.float64)
+    if x.ndim != 1 or times.ndim != 2 or times.shape[0] != x.shape[0] or times.shape[1] == 0:
+        raise ValueError(f"fit_step_time needs bytes_read [k] and step_s [k, repeats], got shapes {x.shape} and "
+                         f"{times.shape}")
+    if len(np.unique(x)) < 2 or not (np.all(np.isfinite(x)) and np.all(np.isfinite(times))):
+        raise ValueError(f"bytes_read must hold at least two distinct finite byte counts (and step_s finite "
+                         f"times), got {x.tolist()}")
+    y = np.median(times, axis=1)  # one point per format
+    # The two-coefficient least squares in its centred closed form: exact, and well conditioned with byte counts
+    # near 1e9 (X^T X of the raw design would span 18 orders of magnitude).
+    dx, dy = x - x.mean(), y - y.mean()
+    sxx = float(np.sum(dx * dx))
+    slope = float(np.sum(dx * dy)) / sxx
+    overhead = float(y.mean()) - slope * float(x.mean())
+    left_over = len(y) - 2
+    residuals = y - (overhead + slope * x)
+    sigma = math.sqrt(float(np.sum(residuals ** 2)) / left_over) if left_over else math.nan
+    return StepTimeFit(overhead, slope, sigma * math.sqrt(1 / len(y) + float(x.mean()) ** 2 / sxx),
+                       sigma / math.sqrt(sxx), len(y))
