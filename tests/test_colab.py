@@ -16,7 +16,7 @@ EXTRAS = PROJECT["optional-dependencies"]
 
 
 def test_dev_is_the_union_of_the_other_extras():
-    union = {normal(Requirement(r).name): Requirement(r).specifier for name in ("test", "lab", "browser")
+    union = {normal(Requirement(r).name): Requirement(r).specifier for name in ("test", "lab", "browser", "instructor")
              for r in EXTRAS[name]}
     dev = {normal(Requirement(r).name): Requirement(r).specifier for r in EXTRAS["dev"]}
     assert dev == union
