@@ -3,6 +3,7 @@ floor's, each caught with a hint; the predictions against the model and labkit's
 
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -13,12 +14,14 @@ from labkit.core.timing import ScriptedClock, ScriptedSteps
 from labkit.exercises import exercises, get, lab06
 from labkit.exercises.checking import check_function
 from labkit.exercises.lab06 import reference_decode_floor_ms, throughput_gain_on_the_example
-from labkit.runtime.generation import StepCounter, generate
+from labkit.runtime.generation import generate
+from labkit.runtime.step_counter import StepCounter
 from zoo import assert_zoo
 
 LOOP = get("06.greedy_loop")
 HARNESS = get("06.latency_harness")
 FLOOR = get("06.decode_floor_ms")
+FIT = get("06.overhead_bandwidth_fit")
 PREDICT = get("06.predict_batch_throughput")
 
 
@@ -343,6 +346,110 @@ def test_floor_reference_by_hand():
         (2 * llama.n_params + 8 * 2**30) / 3350e9 * 1e3, rel=1e-12)
 
 
+# ----- 06.overhead_bandwidth_fit -----
+
+def fit_solution(bytes_read, step_s):
+    medians = step_s.median(dim=1).values.numpy()  # odd repeats: the middle value
+    slope, intercept = np.polyfit(bytes_read.numpy(), medians, 1)
+    return torch.tensor([intercept * 1e3, 1 / slope / 1e9], dtype=torch.float64)
+
+
+def fit_in_float32_with_lstsq(bytes_read, step_s):
+    medians = step_s.float().median(dim=1).values  # [k]
+    design = torch.stack([torch.ones_like(medians), bytes_read.float() / 1e9], dim=1)  # bytes in GB
+    intercept, seconds_per_gb = torch.linalg.lstsq(design, medians[:, None]).solution[:, 0]
+    return torch.stack([intercept * 1e3, 1 / seconds_per_gb])  # float32, within the tolerance
+
+
+def line(bytes_read, step_s, *, average="median", origin=False, byte_unit=1e9, overhead_unit=1e3):
+    x = bytes_read.numpy()
+    y = np.median(step_s.numpy(), axis=1) if average == "median" else step_s.numpy().mean(axis=1)
+    if origin:
+        slope, intercept = float(np.sum(x * y) / np.sum(x * x)), 0.0
+    else:
+        slope, intercept = np.polyfit(x, y, 1)
+    return torch.tensor([intercept * overhead_unit, 1 / slope / byte_unit], dtype=torch.float64)
+
+
+def through_the_origin(bytes_read, step_s):
+    return line(bytes_read, step_s, origin=True)
+
+
+def means_of_the_repeats(bytes_read, step_s):
+    return line(bytes_read, step_s, average="mean")
+
+
+def gib_per_s(bytes_read, step_s):
+    return line(bytes_read, step_s, byte_unit=2**30)
+
+
+def bytes_per_s(bytes_read, step_s):
+    return line(bytes_read, step_s, byte_unit=1)
+
+
+def overhead_in_seconds(bytes_read, step_s):
+    return line(bytes_read, step_s, overhead_unit=1)
+
+
+def every_repeat_a_point(bytes_read, step_s):  # with equal repeats per format: the line through the means
+    repeats = step_s.shape[1]
+    slope, intercept = np.polyfit(np.repeat(bytes_read.numpy(), repeats), step_s.numpy().ravel(), 1)
+    return torch.tensor([intercept * 1e3, 1 / slope / 1e9], dtype=torch.float64)
+
+
+def calls_fit_step_time(bytes_read, step_s):
+    from labkit.core.roofline import fit_step_time
+
+    fit = fit_step_time(bytes_read.tolist(), step_s.tolist())
+    return torch.tensor([fit.overhead_s * 1e3, fit.bandwidth_bytes_per_s / 1e9], dtype=torch.float64)
+
+
+def fit_stub(bytes_read, step_s):
+    raise NotImplementedError
+
+
+FIT_ZOO = {
+    through_the_origin: "not time = b x bytes through the origin",
+    means_of_the_repeats: "median over its repeats, not the mean",
+    gib_per_s: "not 2**30",
+    bytes_per_s: "divide by 10**9",
+    overhead_in_seconds: "return the overhead in milliseconds",
+    every_repeat_a_point: "median over its repeats, not the mean",
+    calls_fit_step_time: "calls labkit's own `labkit.core.roofline.fit_step_time`",
+}
+
+
+@pytest.mark.parametrize("wrong,pointer", FIT_ZOO.items(), ids=[f.__name__ for f in FIT_ZOO])
+def test_every_fit_bug_fails_with_a_pointed_hint(wrong, pointer):
+    assert_zoo(FIT, fit_solution, {wrong: pointer})
+
+
+def test_the_fit_passes_in_float32_and_its_stub_is_not_attempted():
+    assert check_function(FIT, fit_in_float32_with_lstsq).status == "passed"
+    assert check_function(FIT, fit_stub).status == "not attempted"
+
+
+def test_the_fit_hand_cases_by_hand():
+    exact, two, stalled, off_line, four = FIT.hand_cases
+    assert lab06.reference_overhead_bandwidth_fit(*exact.args).tolist() == pytest.approx([20, 25], rel=1e-12)
+    assert lab06.reference_overhead_bandwidth_fit(*two.args).tolist() == pytest.approx([8, 30], rel=1e-12)
+    assert lab06.reference_overhead_bandwidth_fit(*stalled.args).tolist() == pytest.approx([12, 40], rel=1e-12)
+    assert lab06.reference_overhead_bandwidth_fit(*four.args).tolist() == pytest.approx([45, 60], rel=1e-12)
+    # +1, -2, +1 ms around the generating line: least squares through all three (numpy's own fit) is another line
+    bytes_read, step_s = off_line.args
+    slope, intercept = np.polyfit(bytes_read.numpy(), step_s[:, 0].numpy(), 1)
+    assert lab06.reference_overhead_bandwidth_fit(*off_line.args).tolist() == pytest.approx(
+        [intercept * 1e3, 1 / slope / 1e9], rel=1e-9)
+    assert abs(intercept * 1e3 - 30) > 0.1  # off the line: not the generating line's 30 ms
+
+
+def test_the_random_fit_cases_have_a_clear_cost_per_byte():
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(200):
+        overhead_ms, bandwidth = lab06.reference_overhead_bandwidth_fit(*FIT.random_case(generator).args).tolist()
+        assert 0 < bandwidth < 200 and -20 < overhead_ms < 80  # drawn: 5-100 GB/s, 2-60 ms, 1 % noise
+
+
 # ----- 06.predict_batch_throughput -----
 
 def test_the_prediction_passes_within_a_quarter_and_fails_outside():
@@ -356,7 +463,8 @@ def test_the_prediction_passes_within_a_quarter_and_fails_outside():
 def test_lab06_registers_its_exercises_in_notebook_order_of_sections():
     assert [ex.id for ex in exercises("06")] == ["06.predict_forward_calls", "06.greedy_loop",
                                                  "06.latency_harness", "06.predict_shorter_run_e2e",
-                                                 "06.decode_floor_ms", "06.predict_requests_sooner",
+                                                 "06.decode_floor_ms", "06.overhead_bandwidth_fit",
+                                                 "06.predict_requests_sooner",
                                                  "06.predict_batch_throughput"]
 
 

@@ -1,13 +1,15 @@
 """Lab 06's exercises: the KV-cached greedy loop written by hand (identical tokens to labkit's ``generate``, exactly
 n - 1 decode calls), a timing harness checked on a clock the checker controls, the decode floor from a spec and a
-bandwidth, and predictions (forward calls after the prefill, a shorter run's end-to-end latency, batching's
-throughput and who finishes sooner) checked against the model and labkit's arithmetic.
+bandwidth, the line time = overhead + bytes / bandwidth fitted through measured weight formats, and predictions
+(forward calls after the prefill, a shorter run's end-to-end latency, batching's throughput and who finishes
+sooner) checked against the model and labkit's arithmetic.
 
 The harness's hand case is the classic example, 700 ms to the first token, then 35 ms a token for 20 tokens: TTFT
 700 ms, TPOT 35 ms, E2E = TTFT + (n - 1) x TPOT = 1,365 ms. The bug zoos hold the mistakes learners make in a
 decoding loop (re-feeding the prefix, feeding a stale token, reading the first position, one step too few or
-too many, the end token) and in a timing harness (no warm-up, a mean, the first token in TPOT, n intervals, the
-wrong origin, a stamp taken before the step).
+too many, the end token), in a timing harness (no warm-up, a mean, the first token in TPOT, n intervals, the
+wrong origin, a stamp taken before the step) and in the fit (a line through the origin, means of noisy repeats,
+GiB or bytes per second for GB/s, seconds for ms).
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import torch
 from labkit.core.latency_model import EXAMPLE_CPU
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.presets import model_preset
-from labkit.core.roofline import decode_floor_s
+from labkit.core.roofline import decode_floor_s, fit_step_time
 from labkit.core.spec import ModelSpec
 from labkit.core.timing import ScriptedClock, ScriptedSteps, e2e_estimate, request_metrics
 from labkit.exercises import register
 from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.exercises.random_cases import random_spec
-from labkit.runtime.generation import StepCounter
+from labkit.runtime.step_counter import StepCounter
 
 # EXAMPLE_CPU (labkit.core.latency_model): prefill 20 ms + 1.5 ms per prompt token; a decode step 70 ms + 6 ms per
 # sequence + 2 us per cached token. The batching predictions ask about 32-token prompts and 16 new tokens.
@@ -142,7 +144,7 @@ def _drops_eos(runner, prompt_ids, max_new_tokens, eos_token_id):
 
 GREEDY_LOOP = register(Exercise(
     id="06.greedy_loop",
-    title="The KV-cached greedy loop: one prefill, then one token per decode call",
+    title="The KV-cached greedy loop: one prefill, then n - 1 decode calls for n tokens",
     function="greedy_generate",
     reference=reference_greedy_tokens,
     allowed=(StepCounter,),
@@ -443,6 +445,117 @@ DECODE_FLOOR = register(Exercise(
         Mistake("return milliseconds: multiply seconds by 1000", _seconds),
         Mistake("only the key/value heads are cached: use spec.n_kv_heads", _query_heads),
         Mistake("the cache holds keys AND values: multiply by 2", _keys_only),
+    ),
+))
+
+
+# ----- 06.overhead_bandwidth_fit: time = overhead + bytes / bandwidth, read off measured formats -----
+
+
+def reference_overhead_bandwidth_fit(bytes_read: torch.Tensor, step_s: torch.Tensor) -> torch.Tensor:
+    """labkit's answer: ``fit_step_time`` through each format's median; [overhead in ms, bandwidth in GB/s]."""
+    fit = fit_step_time(bytes_read.tolist(), step_s.tolist())
+    return torch.tensor([fit.overhead_s * 1e3, fit.bandwidth_bytes_per_s / GB], dtype=torch.float64)
+
+
+def _fit_case(label: str, bytes_read, overhead_ms: float, bandwidth_gb_per_s: float, *, repeats: int = 1,
+              stall: float = 0.0, off_line_ms=None) -> Case:
+    """Step times on the line overhead + bytes / bandwidth, every repeat equal, except the last repeat of each
+    format stalled by ``stall`` x its time, and ``off_line_ms`` added to each format's times."""
+    rows = []
+    for k, size in enumerate(bytes_read):
+        time_s = overhead_ms / 1e3 + size / (bandwidth_gb_per_s * GB) + (off_line_ms[k] / 1e3 if off_line_ms else 0)
+        rows.append([time_s] * (repeats - 1) + [time_s * (1 + stall)])
+    return Case((torch.tensor(bytes_read, dtype=torch.float64), torch.tensor(rows, dtype=torch.float64)),
+                label=label)
+
+
+def _random_fit_case(generator: torch.Generator) -> Case:
+    def uniform(low: float, high: float) -> float:
+        return low + (high - low) * float(torch.rand((), generator=generator))
+
+    n_formats = int(torch.randint(2, 5, (1,), generator=generator))
+    bytes_per_value = [4, 2, 1, 0.5][:n_formats]
+    overhead_ms, bandwidth = uniform(2, 60), uniform(5, 100)
+    largest_ms = uniform(10, 100)  # the largest format's memory term: well above the noise
+    n_params = largest_ms / 1e3 * bandwidth * GB / bytes_per_value[0]
+    bytes_read = [round(n_params * size) for size in bytes_per_value]
+    repeats = [1, 3, 5][int(torch.randint(0, 3, (1,), generator=generator))]
+    rows = []
+    for size in bytes_read:
+        truth = overhead_ms / 1e3 + size / (bandwidth * GB)
+        row = [truth * (1 + 0.01 * float(torch.randn((), generator=generator))) for _ in range(repeats)]
+        if repeats > 1:  # one repeat stalled, as a busy machine does
+            row[int(torch.randint(0, repeats, (1,), generator=generator))] *= uniform(1.5, 3)
+        rows.append(row)
+    return Case((torch.tensor(bytes_read, dtype=torch.float64), torch.tensor(rows, dtype=torch.float64)),
+                label=f"{n_formats} formats, {repeats} repeat(s) each")
+
+
+def _fit(bytes_read, step_s, *, average="median", origin=False, byte_unit=GB, overhead_unit=1e3):
+    x = bytes_read.double()
+    y = step_s.double().median(dim=1).values if average == "median" else step_s.double().mean(dim=1)
+    if origin:  # time = bytes / bandwidth: no overhead term
+        slope, overhead = float((x * y).sum() / (x * x).sum()), 0.0
+    else:
+        dx = x - x.mean()
+        slope = float((dx * (y - y.mean())).sum() / (dx * dx).sum())
+        overhead = float(y.mean()) - slope * float(x.mean())
+    return torch.tensor([overhead * overhead_unit, 1 / slope / byte_unit], dtype=torch.float64)
+
+
+def _through_origin(bytes_read, step_s):
+    return _fit(bytes_read, step_s, origin=True)
+
+
+def _means(bytes_read, step_s):
+    return _fit(bytes_read, step_s, average="mean")
+
+
+def _gib(bytes_read, step_s):
+    return _fit(bytes_read, step_s, byte_unit=GIB)
+
+
+def _bytes_per_s(bytes_read, step_s):
+    return _fit(bytes_read, step_s, byte_unit=1)
+
+
+def _overhead_in_s(bytes_read, step_s):
+    return _fit(bytes_read, step_s, overhead_unit=1)
+
+
+_SMOL_BYTES = [538_060_032, 269_030_016, 134_515_008]  # SmolLM2-135M's weights at 4, 2 and 1 bytes each
+
+OVERHEAD_FIT = register(Exercise(
+    id="06.overhead_bandwidth_fit",
+    title="Overhead and bandwidth: a least-squares line through (bytes read, step time)",
+    function="fit_overhead_bandwidth",
+    reference=reference_overhead_bandwidth_fit,
+    points=2,
+    rtol=1e-4,  # a float32 fit of times near 0.05 s lands within a few 1e-6; every mistake below is off by > 7 %
+    atol=1e-9,
+    hand_cases=(
+        _fit_case("three formats exactly on 20 ms + bytes / 25 GB/s, one repeat each", _SMOL_BYTES, 20, 25),
+        _fit_case("two formats: the line through both points", _SMOL_BYTES[:2], 8, 30),
+        _fit_case("five repeats, the last of each stalled to 3x its time: the medians lie on 12 ms + bytes / "
+                  "40 GB/s", _SMOL_BYTES, 12, 40, repeats=5, stall=2.0),
+        _fit_case("three points off one line (+1, -2, +1 ms): least squares through all three", _SMOL_BYTES, 30, 20,
+                  off_line_ms=(1.0, -2.0, 1.0)),
+        _fit_case("four formats (4, 2, 1, 0.5 bytes a weight), three repeats, one stalled by half", [
+            *_SMOL_BYTES, 67_257_504], 45, 60, repeats=3, stall=0.5),
+    ),
+    random_case=_random_fit_case,
+    hints=("take each format's median step time; fit time = a + b x bytes by least squares (e.g. numpy.polyfit("
+           "bytes, medians, 1)); overhead_ms = a x 1000, bandwidth_gb_per_s = 1 / b / 10**9",),
+    mistakes=(
+        Mistake("the line has an intercept: a step costs its overhead whatever it reads; fit time = a + b x bytes, "
+                "not time = b x bytes through the origin", _through_origin),
+        Mistake("take each format's median over its repeats, not the mean: one stalled repeat drags a mean a long "
+                "way", _means),
+        Mistake("GB/s are 10**9 bytes per second, not 2**30", _gib),
+        Mistake("return the bandwidth in GB/s: 1 / slope is in bytes per second, divide by 10**9", _bytes_per_s),
+        Mistake("return the overhead in milliseconds: the intercept is in seconds, multiply by 1000",
+                _overhead_in_s),
     ),
 ))
 
