@@ -3,9 +3,11 @@
 An explorer is an :class:`Explorer`: ``.widget`` (the box to show), ``.controls`` (name -> control widget, what a
 test or a benchmark moves), ``.canvas`` (its :class:`~labkit.explorers.canvas.FigureCanvas`) and ``update()``
 (what a control change runs: compute, then render). Displaying it (leave it last in a cell) sends one output with
-two forms: the live widget, and a PNG of the figure as it stands then. JupyterLab and Colab show the widget; a
-code host, nbviewer, or JupyterLab on a notebook it does not trust yet shows the picture, never the widget's
-``VBox(children=...`` text.
+three forms: the live widget, and a PNG of the figure as it stands then, alone and as ``<img alt=...>`` HTML
+carrying the picture's text alternative. JupyterLab and Colab show the widget; a code host, nbviewer, or
+JupyterLab on a notebook it does not trust yet shows the picture, never the widget's ``VBox(children=...`` text.
+Under the live figure, a caption says what the picture shows in numbers, rewritten on every update
+(:meth:`~labkit.explorers.canvas.FigureCanvas.describe`).
 
 Layout rules, measured in Chromium with JupyterLab at 1024-1280 px wide (``tests/test_browser.py`` asserts them):
 
@@ -58,14 +60,17 @@ def row(children: list[Any], wrap: bool = True) -> Any:
 
 
 def figure_image(canvas: Any) -> Any:
-    """The canvas's image widget, laid out at the figure's own pixel size (shrinks to fit, keeps its aspect)."""
+    """The canvas's image widget, laid out at the figure's own pixel size (shrinks to fit, keeps its aspect),
+    with its caption (the picture's text alternative) under it, as wide as the image."""
     import ipywidgets as widgets
 
     width, height = canvas.pixel_size
     canvas.image.layout = widgets.Layout(width=f"{width}px", max_width="100%", height="auto",
-                                         object_fit="contain", align_self="flex-start", flex="0 1 auto",
-                                         margin=GAP)
-    return canvas.image
+                                         object_fit="contain", align_self="flex-start", flex="0 0 auto")
+    canvas.caption.layout = widgets.Layout(width=f"{width}px", max_width="100%", margin="2px 0 0 0")
+    return widgets.VBox([canvas.image, canvas.caption],
+                        layout=widgets.Layout(max_width="100%", align_self="flex-start", flex="0 1 auto",
+                                              margin=GAP))
 
 
 NICE_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0)
@@ -111,9 +116,13 @@ class Explorer:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         """The live widget view and a picture of it, in one output; frontends pick what they can show."""
+        from labkit.explorers.canvas import picture_html
+
+        png = self.picture()
         bundle = {
             "text/plain": f"<labkit {self.title}: run the notebook to use its controls>",
-            "image/png": base64.b64encode(self.picture()).decode("ascii"),
+            "image/png": base64.b64encode(png).decode("ascii"),
+            "text/html": picture_html(png, self.canvas.alt_text or self.title, self.canvas.pixel_size[0]),
         }
         model_id = getattr(self.widget, "model_id", None)
         if model_id:  # no kernel comm (a plain Python shell): the picture alone

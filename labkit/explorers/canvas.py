@@ -1,14 +1,24 @@
-"""A matplotlib figure drawn once and shown as PNG bytes in an ``ipywidgets.Image``.
+"""A matplotlib figure drawn once and shown as PNG bytes in an ``ipywidgets.Image``, and every picture's text.
 
 Why not ipympl or ``%matplotlib widget``: Colab does not run it, and re-creating a figure on every slider move
 is slow. The figure uses the Agg backend directly (no pyplot, so no global state and no figure leak), its
 artists are updated in place by an explorer's ``render``, and :meth:`FigureCanvas.refresh` re-encodes it.
+
+Text alternatives: every picture says what it shows in numbers, for a screen reader and for anyone who cannot
+read the image. A static figure carries its text (:func:`describe`) and shows as ``<img alt=...>`` HTML beside
+its PNG (JupyterLab, Colab and nbviewer pick the HTML; the PNG stays for the rest). A live explorer cannot put
+an ``alt`` on the ``ipywidgets.Image`` element (core ipywidgets have no such trait in 7.7 or 8, and 8's
+``tooltip`` raises in the page for a widget without a description, ipywidgets#3860), so its canvas keeps a
+caption, an HTML widget under the image, rewritten with the numbers on every update (:meth:`FigureCanvas.describe`;
+``aria-live`` so a screen reader hears the change).
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import io
-from typing import Iterable
+from typing import Any, Iterable
 
 import ipywidgets as widgets
 from matplotlib.artist import Artist
@@ -23,8 +33,85 @@ def figure_png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+MIN_TEXT_PX = 11.0  # the smallest text a figure draws, in pixels of its PNG (shown at its own size)
+ALT_ATTRIBUTE = "labkit_alt_text"  # where a figure keeps its text alternative
+CAPTION_CLASS = "labkit-alt"  # the class of an explorer's caption element (the browser test reads it)
+
+
+def readable(figure: Figure, min_px: float = MIN_TEXT_PX) -> Figure:
+    """Raise every text of the figure (tick labels, labels, titles, legends, annotations) to at least ``min_px``
+    pixels at the figure's dpi; ticks drawn later keep the size. Returns the figure.
+
+    >>> figure = Figure(dpi=80)
+    >>> axes = figure.add_subplot()
+    >>> label = axes.set_xlabel("x", fontsize=6)
+    >>> round(readable(figure).axes[0].xaxis.label.get_fontsize() * 80 / 72, 1)
+    11.0
+    """
+    from matplotlib.text import Text
+
+    min_pt = min_px * 72 / figure.dpi
+    for axes in figure.axes:
+        for axis in (axes.xaxis, axes.yaxis):
+            for which in ("major", "minor"):
+                ticks = axis.get_major_ticks() if which == "major" else axis.get_minor_ticks()
+                size = ticks[0].label1.get_fontsize() if ticks else min_pt
+                if size < min_pt:
+                    axis.set_tick_params(which=which, labelsize=min_pt)
+    for text in figure.findobj(Text):
+        if text.get_fontsize() < min_pt:
+            text.set_fontsize(min_pt)
+    return figure
+
+
+def plain(value: float) -> str:
+    """A number as a text alternative says it: thousands with commas, otherwise three significant digits.
+
+    >>> plain(21743.2), plain(2.2), plain(0.000123), plain(70.68), plain(-0.018)
+    ('21,743', '2.2', '0.000123', '70.7', '-0.018')
+    """
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def describe(figure: Figure, text: str) -> Figure:
+    """Attach ``text`` as the figure's text alternative and return the figure (what a figure function returns).
+
+    >>> figure = describe(Figure(), "one line: 1 to 3")
+    >>> alt_text(figure)
+    'one line: 1 to 3'
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string saying what the figure shows, got {text!r}")
+    setattr(figure, ALT_ATTRIBUTE, text)
+    return figure
+
+
+def alt_text(figure: Figure) -> str | None:
+    """The figure's text alternative, or None when it has none."""
+    return getattr(figure, ALT_ATTRIBUTE, None)
+
+
+def picture_html(png: bytes, alt: str, width: int | None = None) -> str:
+    """An ``<img>`` of PNG bytes with its text alternative (``width`` in px: shown at most that wide)."""
+    size = f' style="max-width:100%;width:{width}px;height:auto"' if width else ""
+    return (f'<img src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}" '
+            f'alt="{html.escape(alt, quote=True)}"{size}>')
+
+
+def figure_html(figure: Figure) -> str | None:
+    """A described figure as ``<img alt=...>`` HTML; None for a figure without a text (IPython then skips it)."""
+    text = alt_text(figure)
+    if text is None:
+        return None
+    width = round(figure.get_size_inches()[0] * figure.dpi)
+    return picture_html(figure_png(figure), text, width)
+
+
 def show_figures_as_png() -> bool:
-    """Let a plain ``Figure`` left as a cell's last expression show as its PNG (returns whether it could).
+    """Let a plain ``Figure`` left as a cell's last expression show as its PNG (returns whether it could), and a
+    described one (:func:`describe`) also as ``<img alt=...>`` HTML, which JupyterLab and Colab show first.
 
     IPython draws a matplotlib figure only once pyplot's inline backend has registered a PNG formatter, and these
     figures never touch pyplot: without this, a cell ending in one prints ``<Figure size 512x240 with 1 Axes>``.
@@ -38,6 +125,7 @@ def show_figures_as_png() -> bool:
     if shell is None:
         return False
     shell.display_formatter.formatters["image/png"].for_type(Figure, figure_png)
+    shell.display_formatter.formatters["text/html"].for_type(Figure, figure_html)
     return True
 
 
@@ -56,6 +144,8 @@ class FigureCanvas:
         self.figure = Figure(figsize=(width_in, height_in), dpi=dpi, layout=layout)
         self._agg = FigureCanvasAgg(self.figure)
         self.image = widgets.Image(format="png")
+        self.caption = widgets.HTML()  # the picture's text alternative, rewritten with it (describe)
+        self.alt_text = ""
         self._backgrounds: dict = {}  # blit(): key -> the figure drawn without its animated artists
 
     @property
@@ -111,6 +201,15 @@ class FigureCanvas:
         buffer = io.BytesIO()
         Image.open(io.BytesIO(self.image.value)).save(buffer, format="png", optimize=True)
         return buffer.getvalue()
+
+    def describe(self, text: str) -> None:
+        """Set the picture's text alternative: what the figure shows now, in numbers (call from ``render``)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"text must be a non-empty string saying what the figure shows, got {text!r}")
+        if text != self.alt_text:
+            self.alt_text = text
+            self.caption.value = (f'<div class="{CAPTION_CLASS}" aria-live="polite" style="font-size:12px;'
+                                  f'line-height:1.35;color:#444"><b>Picture:</b> {html.escape(text)}</div>')
 
     def refresh(self) -> None:
         """Re-encode the figure into the image widget (call after updating artists)."""

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from matplotlib.figure import Figure
 
-from labkit.explorers.canvas import figure_png
+from labkit.explorers.canvas import describe, figure_png, plain, readable
 
 
 def token_strings(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
@@ -58,7 +58,7 @@ def surprisal_html(tokens: Sequence[str], surprisal_bits: Sequence[float], max_b
 
 
 def png(figure: Figure) -> bytes:
-    """The figure as PNG bytes (show with ``IPython.display.Image``)."""
+    """The figure as PNG bytes, without its text alternative: show the figure itself (``display(figure)``)."""
     return figure_png(figure)
 
 
@@ -75,7 +75,9 @@ def genre_figure(perplexities: dict[str, float], branching: dict[str, float]) ->
     axes.set_yscale("log")
     axes.set_ylabel("effective number of choices")
     axes.legend(fontsize=8)
-    return figure
+    pairs = "; ".join(f"{name} {plain(perplexities[name])} against {plain(branching[name])}" for name in names)
+    return describe(readable(figure), "Bars per genre, log scale: the perplexity of the text against exp(mean "
+                    f"entropy) of the model's predictions: {pairs}.")
 
 
 def temperature_figure(temperatures: Sequence[float], perplexities: Sequence[float]) -> Figure:
@@ -87,4 +89,8 @@ def temperature_figure(temperatures: Sequence[float], perplexities: Sequence[flo
     axes.set_xlabel("temperature T")
     axes.set_ylabel("perplexity of the text")
     axes.set_yscale("log")
-    return figure
+    points = list(zip(temperatures, perplexities))
+    best_t, best = min(points, key=lambda point: point[1])
+    listed = ", ".join(f"T = {plain(t)}: {plain(p)}" for t, p in points)
+    return describe(readable(figure), "Perplexity of the text (log scale) against the temperature T, a dotted line "
+                    f"at T = 1: lowest {plain(best)} at T = {plain(best_t)}; {listed}.")

@@ -14,6 +14,7 @@ from labkit.core.budget import MemoryBudget
 from labkit.core.memory import GB, GIB, kv_cache_bytes
 from labkit.core.paging import AllocationReport
 from labkit.core.spec import ModelSpec
+from labkit.explorers.canvas import describe, plain, readable
 
 
 def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Sequence[int], kv_dtype: str = "bf16",
@@ -33,10 +34,13 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
 
     figure = Figure(figsize=(7, 3.4), dpi=80, layout="constrained")
     axes = figure.add_subplot()
+    said = []
     for label, n_kv_heads in kv_heads.items():
         shape = dataclasses.replace(spec, n_kv_heads=n_kv_heads)
-        axes.plot(list(contexts), [kv_cache_bytes(shape, 1, t, kv_dtype) / GIB for t in contexts], marker="o",
-                  label=label)
+        gib = [kv_cache_bytes(shape, 1, t, kv_dtype) / GIB for t in contexts]
+        axes.plot(list(contexts), gib, marker="o", label=label)
+        said.append(f"{label} ({n_kv_heads} KV heads) {plain(gib[0])} GiB at {contexts[0]:,} tokens to "
+                    f"{plain(gib[-1])} GiB at {contexts[-1]:,}")
     if weights_bytes is not None and capacity_bytes is None:
         raise ValueError(f"weights_bytes needs capacity_bytes (what the weights are taken from), got weights_bytes="
                          f"{weights_bytes!r} and capacity_bytes=None")
@@ -49,7 +53,13 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
     axes.set(xscale="log", yscale="log", xlabel="cached tokens (one sequence)",
              ylabel=f"KV cache, GiB ({kv_dtype.upper()})", title=f"{spec.name}'s shape: KV bytes against context")
     axes.legend(fontsize=8)
-    return figure
+    lines = ""
+    if capacity_bytes is not None:
+        lines = f"; a dotted line at the card's {plain(capacity_bytes / GIB)} GiB"
+    if weights_bytes is not None:
+        lines += f", a dashed line at the {plain((capacity_bytes - weights_bytes) / GIB)} GiB left after {weights_label}"
+    return describe(readable(figure), f"{spec.name}'s KV cache for one sequence ({kv_dtype.upper()}, log-log) against "
+                    "cached tokens, one line per attention layout: " + "; ".join(said) + lines + ".")
 
 
 def paging_figure(block_sizes: Sequence[int], paged: Sequence[AllocationReport],
@@ -69,7 +79,12 @@ def paging_figure(block_sizes: Sequence[int], paged: Sequence[AllocationReport],
     fit_axes.set(xscale="log", xlabel="block size (tokens)", ylabel="requests", title="Requests that fit at once")
     waste_axes.legend(fontsize=8)
     fit_axes.legend(fontsize=8)
-    return figure
+    paged_words = ", ".join(f"block {size}: {plain(100 * r.waste_fraction)} % wasted, {r.requests_fit} fit"
+                            for size, r in zip(block_sizes, paged))
+    lines = "; ".join(f"{label}: {plain(100 * r.waste_fraction)} % wasted, {r.requests_fit} fit (grey lines)"
+                      for label, r in contiguous.items())
+    return describe(readable(figure), "Two panels against the paged block size in tokens (log): KV memory reserved "
+                    f"but unused, and requests that fit at once. Paged: {paged_words}. {lines}.")
 
 
 def fit_grid_figure(rows: dict[str, Sequence[MemoryBudget]], columns: Sequence[str], title: str = "") -> Any:
@@ -99,4 +114,9 @@ def fit_grid_figure(rows: dict[str, Sequence[MemoryBudget]], columns: Sequence[s
     axes.set_xticks(range(len(columns)), list(columns))
     axes.set_yticks(range(len(labels)), labels)
     axes.set_title(title, fontsize=10)
-    return figure
+    rows_said = "; ".join(f"{label}: " + ", ".join(
+        f"{column} {result.total_gb:.1f} GB {'fits' if result.fits else 'does not fit'}"
+        for column, result in zip(columns, rows[label])) for label in labels)
+    heading = f"{title}: " if title else ""
+    return describe(readable(figure), f"{heading}a grid of fit verdicts, green where the budget fits and red where "
+                    f"not, total GB per GPU in each cell. {rows_said}.")

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from labkit.core import numerics
+from labkit.explorers.canvas import describe, plain, readable
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3")
 
@@ -32,6 +33,7 @@ def spacing_figure(formats: Sequence[str] = FORMATS, mark: float | None = 1000.0
 
     figure = Figure(figsize=(6.4, 3.6), dpi=80, layout="constrained")
     axes = figure.add_subplot()
+    said = []  # per format, what the text alternative says about its line
     for name in formats:
         fmt = numerics.float_format(name)
         lowest = max(math.log2(fmt.smallest_subnormal), lowest_log2)
@@ -41,6 +43,13 @@ def spacing_figure(formats: Sequence[str] = FORMATS, mark: float | None = 1000.0
         (line,) = axes.plot(magnitudes.tolist(), relative.tolist(), label=name, linewidth=1.2)
         if math.log2(fmt.max) <= highest_log2:
             axes.plot([fmt.max], [float(relative[-1])], marker="o", color=line.get_color(), label="_largest")
+        normal = relative[magnitudes >= fmt.smallest_normal]
+        words = f"{name} between {plain(float(normal.min()))} and {plain(float(normal.max()))}"
+        if fmt.smallest_normal > 2.0**lowest_log2:
+            words += f", climbing below {plain(fmt.smallest_normal)}"
+        if math.log2(fmt.max) <= highest_log2:
+            words += f", largest value {plain(fmt.max)} (dot)"
+        said.append(words)
     if mark is not None:
         axes.axvline(mark, linestyle=":", color="grey")
         axes.annotate(f"|x| = {mark:g}", (mark, 0.3), xytext=(4, 0), textcoords="offset points", fontsize=8,
@@ -48,7 +57,10 @@ def spacing_figure(formats: Sequence[str] = FORMATS, mark: float | None = 1000.0
     axes.set(xscale="log", yscale="log", xlim=(2.0**lowest_log2, 2.0**highest_log2), xlabel="|x|",
              ylabel="gap to the next value / |x|", title=title)
     axes.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.0, 0.2), ncols=3)  # between FP32 and BF16
-    return figure
+    marked = f"; a dotted line at |x| = {mark:g}" if mark is not None else ""
+    return describe(readable(figure), f"{title}: the gap from |x| to the next value, relative to |x|, for |x| from "
+                    f"2^{lowest_log2} to 2^{highest_log2} (log-log), one line per format: " + "; ".join(said)
+                    + marked + ".")
 
 
 __all__ = ["FORMATS", "spacing_figure"]

@@ -223,6 +223,53 @@ class SamplingExplorer(Explorer):
         self.continuations.value = f"<ol style='margin:0'>{items}</ol>"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# A still picture (no widget): every generated step of a few settings
+
+
+TAIL_STYLES = (("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"))  # line and marker per setting, told apart in grey too
+
+
+def tail_figure(tails: dict[str, tuple[Any, Any]], rank_line: int = 1000) -> Any:
+    """Two panels over every generated step, one series per setting: how many tokens the sampler kept (log), and
+    the model's rank of the token drawn (1 = its favourite; a dotted line at ``rank_line``).
+
+    ``tails``: ``{label: (kept, drawn_rank)}``, per step the kept count and the drawn token's 0-based rank (lists
+    or tensors). Each setting gets its own line style and marker, so a curve under another still shows.
+
+    >>> figure = tail_figure({"T = 1": ([3, 5], [0, 2]), "T = 1.5": ([3, 9], [1, 1200])})
+    >>> [line.get_label() for line in figure.axes[1].get_lines()][:2]
+    ['T = 1', 'T = 1.5']
+    """
+    from matplotlib.figure import Figure
+
+    from labkit.explorers.canvas import describe, plain, readable
+
+    if not isinstance(tails, dict) or not tails:
+        raise ValueError(f"tails must be a non-empty dict {{label: (kept, drawn_rank)}}, got {tails!r}")
+    figure = Figure(figsize=(9, 3.6), dpi=80, layout="constrained")
+    kept_axes, rank_axes = figure.subplots(1, 2, sharex=True)
+    said = []
+    for (label, (kept, drawn_rank)), (line, marker) in zip(tails.items(), TAIL_STYLES * len(tails)):
+        kept, ranks = [int(k) for k in torch.as_tensor(kept).tolist()], [int(r) + 1 for r in
+                                                                          torch.as_tensor(drawn_rank).tolist()]
+        kept_axes.plot(kept, linestyle=line, marker=marker, markersize=3, linewidth=1.2, label=label)
+        rank_axes.plot(ranks, linestyle="none", marker=marker, markersize=4, label=label)
+        beyond = sum(rank > rank_line for rank in ranks)
+        said.append(f"{label}: kept {plain(float(torch.tensor(kept).median()))} tokens at the median step "
+                    f"(at most {max(kept):,}); drawn token ranked {max(ranks):,} at worst, beyond {rank_line:,} at "
+                    f"{beyond} of {len(ranks)} steps")
+    kept_axes.set(yscale="log", title="tokens the sampler kept", xlabel="step (3 continuations in a row)")
+    rank_axes.set(yscale="log", title="model's rank of the drawn token (1 = favourite)", xlabel="step")
+    rank_axes.axhline(rank_line, color="grey", linestyle=":", label=f"rank {rank_line:,}")
+    handles, labels = kept_axes.get_legend_handles_labels()
+    handles.append(rank_axes.get_lines()[-1])
+    labels.append(f"rank {rank_line:,} (right)")
+    figure.legend(handles, labels, loc="outside lower center", ncols=len(labels))  # below both, over no data
+    return describe(readable(figure), "Every generated step, two panels on log scales: tokens the sampler kept, "
+                    "and the model's rank of the drawn token. " + "; ".join(said) + ".")
+
+
 def sampling_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, n_show: int = 12,
                       chat: bool = True) -> SamplingExplorer:
     """The lab 01 explorer over ``lm`` (default: the embedded model)."""

@@ -79,6 +79,28 @@ def compute(alpha: float, gamma: int, cost_ratio: float, varying: bool = False, 
                            simulation.standard_error)
 
 
+STRIP_WORDS = {"accepted": "accepted", "rejected": "rejected", "unexamined": "not examined",
+               "correction": "correction", "bonus": "bonus"}
+
+
+def alt_text(view: SpeculativeView, measured: Sequence[tuple[int, float]] = ()) -> str:
+    """What the picture shows, in numbers: the setting, both panels at γ, the optimum, the strip's cell counts.
+
+    >>> alt_text(compute(0.7, 4, 0.1)).split(". ")[0]
+    'α 0.70, γ 4, c 0.10, same α everywhere'
+    """
+    g = view.gamma
+    counts = {kind: sum(row.count(kind) for row in view.strip) for kind in STRIP_WORDS}
+    strip = ", ".join(f"{counts[kind]} {words}" for kind, words in STRIP_WORDS.items() if counts[kind])
+    points = (" Measured runs (squares): " + ", ".join(f"γ {m[0]} at {m[1]:.2f}×" for m in measured) + ".") if measured else ""
+    return (f"α {view.alpha:.2f}, γ {g}, c {view.cost_ratio:.2f}, "
+            f"{'α decaying by position' if view.varying else 'same α everywhere'}. Left: tokens per target call "
+            f"against γ, the paper's {view.tokens_per_call[g]:.2f} at γ = {g} (circled) against the popular formula's "
+            f"{view.popular_tokens_per_call[g]:.2f} (dashed). Right: walltime improvement {view.improvement[g]:.2f}× "
+            f"at γ = {g}, the optimum (star) {view.improvement[view.best_gamma]:.2f}× at γ = {view.best_gamma}, "
+            f"break-even at 1×.{points} Below: {len(view.strip)} simulated calls, {strip} tokens.")
+
+
 def summary_html(view: SpeculativeView) -> str:
     g = view.gamma
     rows = [
@@ -109,7 +131,9 @@ class SpeculativePlot:
         import numpy as np
         from matplotlib.colors import ListedColormap
 
-        from labkit.explorers.canvas import FigureCanvas
+        from matplotlib.patches import Patch
+
+        from labkit.explorers.canvas import FigureCanvas, readable
 
         self.canvas = FigureCanvas(width_in, height_in, dpi)
         grid = self.canvas.figure.add_gridspec(2, 2, height_ratios=(3, 2))
@@ -140,8 +164,11 @@ class SpeculativePlot:
                                             interpolation="nearest", aspect="auto", animated=True,
                                             extent=(0, MAX_GAMMA + 1, STRIP_CALLS, 0))
         self.strip_axes.set(xlim=(0, MAX_GAMMA + 1), ylim=(STRIP_CALLS, 0), xticks=[], yticks=[],
-                            title="simulated calls: accepted · rejected · not examined · correction · bonus")
-        self.strip_axes.title.set_fontsize(9)
+                            ylabel="simulated\ncalls")
+        self.strip_axes.legend(handles=[Patch(color=colour, label=STRIP_WORDS[kind]) for kind, colour in COLOURS.items()],
+                               ncols=len(COLOURS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+                               handlelength=1.2, columnspacing=1.2)
+        readable(self.canvas.figure)
         self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
         self.canvas.figure.set_layout_engine("none")
 
@@ -177,6 +204,7 @@ def render(plot: SpeculativePlot, view: SpeculativeView,
     tokens_top = max(view.popular_tokens_per_call[-1], view.tokens_per_call[-1]) * 1.05
     speed_top = max([*view.improvement, *(m[1] for m in measured)]) * 1.1
     plot.redraw((layout.nice_limit(tokens_top, TOKENS_LIMITS), layout.nice_limit(speed_top, SPEED_LIMITS)))
+    plot.canvas.describe(alt_text(view, measured))
 
 
 class SpeculativeExplorer(Explorer):
@@ -244,6 +272,10 @@ def lossless_figure(results: dict) -> object:
     2
     """
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import NullFormatter
+
+    from labkit.explorers.canvas import describe, readable
 
     names = list(results)
 
@@ -258,6 +290,7 @@ def lossless_figure(results: dict) -> object:
     dof = results[names[0]].degrees_of_freedom
     critical = _critical_chi_square(dof)
     chi_axes.axvline(critical, color="black", linestyle="--", linewidth=1)
+    chi_axes.xaxis.set_minor_formatter(NullFormatter())  # labels at the decades only (minor ones overlap)
     chi_axes.set(xscale="log", yticks=rows, yticklabels=names, xlabel=f"chi-square, {dof} degrees of freedom (log)",
                  title=f"distribution: fails right of {critical:.1f}")
     z_axes.barh(rows, [results[name].tokens_per_call_z for name in names],
@@ -265,7 +298,14 @@ def lossless_figure(results: dict) -> object:
     z_axes.axvspan(-CRITICAL_Z, CRITICAL_Z, color="#d0d7de", alpha=0.6, linewidth=0, zorder=0)
     z_axes.axvline(0, color="black", linewidth=0.8)
     z_axes.set(xlabel="tokens per call: z-score against exact", title="speed: fails outside |z| <= 4")
-    return figure
+    figure.legend(handles=[Patch(color=COLOURS["accepted"], label="passes that test"),
+                           Patch(color=COLOURS["rejected"], label="fails it")], loc="outside lower center", ncols=2)
+    said = "; ".join(f"{name}: chi-square {results[name].chi_square:.1f} "
+                     f"({'passes' if results[name].p_value > CRITICAL_P else 'fails'}), z {results[name].tokens_per_call_z:+.1f} "
+                     f"({'passes' if abs(results[name].tokens_per_call_z) < CRITICAL_Z else 'fails'})" for name in names)
+    return describe(readable(figure), f"Each acceptance rule's counting test, two panels of bars, green where it passes "
+                    f"and red where it fails: chi-square with {dof} degrees of freedom (log scale, fails right of "
+                    f"{critical:.1f}, dashed) and the tokens-per-call z-score (fails outside |z| <= 4, shaded). {said}.")
 
 
 def _critical_chi_square(dof: int) -> float:

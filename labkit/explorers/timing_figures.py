@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from labkit.core.roofline import attainable_flops_per_s
+from labkit.explorers.canvas import describe, plain, readable
 
 
 def roofline_figure(peak_flops_per_s: float, bandwidth_bytes_per_s: float,
@@ -39,7 +40,12 @@ def roofline_figure(peak_flops_per_s: float, bandwidth_bytes_per_s: float,
     axes.axvline(ridge, color="grey", linestyle=":")
     axes.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte)", ylabel="GFLOP/s",
              title=f"{title}: ridge at {ridge:.1f} FLOPs/byte")
-    return figure
+    said = "; ".join(f"{label} at {plain(intensity)} FLOPs/byte, {plain(achieved / 1e9)} GFLOP/s "
+                     f"({plain(100 * achieved / attainable_flops_per_s(intensity, peak_flops_per_s, bandwidth_bytes_per_s))}"
+                     " % of the roof there)" for label, (intensity, achieved) in points.items())
+    return describe(readable(figure), f"{title} (log-log): GFLOP/s against arithmetic intensity; the roof rises at "
+                    f"{plain(bandwidth_bytes_per_s / 1e9)} GB/s to a flat {plain(peak_flops_per_s / 1e9)} GFLOP/s, "
+                    f"the ridge (dotted) at {ridge:.1f} FLOPs/byte. Points: {said}.")
 
 
 def steps_figure(prefix_lens: Sequence[int], cached_step_s: Sequence[float], uncached_step_s: Sequence[float]) -> Any:
@@ -57,7 +63,11 @@ def steps_figure(prefix_lens: Sequence[int], cached_step_s: Sequence[float], unc
     axes.set(xlabel="tokens in the prefix", ylabel="step time (ms)", ylim=(0, None),
              title="one new token: cached step vs full recomputation")
     axes.legend(fontsize=8)
-    return figure
+    first, last = prefix_lens[0], prefix_lens[-1]
+    return describe(readable(figure), "Step time in ms against tokens in the prefix, two lines: with the KV cache "
+                    f"{plain(cached_step_s[0] * 1e3)} ms at {first} tokens (the prefill) then "
+                    f"{plain(cached_step_s[-1] * 1e3)} ms at {last}; recomputing the whole prefix "
+                    f"{plain(uncached_step_s[0] * 1e3)} ms at {first} and {plain(uncached_step_s[-1] * 1e3)} ms at {last}.")
 
 
 def emissions_figure(requests: Sequence[Any], title: str = "when each token came out") -> Any:
@@ -83,7 +93,11 @@ def emissions_figure(requests: Sequence[Any], title: str = "when each token came
              xlabel="ms from the request's start", xlim=(0, None), title=title)
     axes.invert_yaxis()
     axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the bars
-    return figure
+    said = "; ".join(f"repeat {row + 1}: first token at {plain(request.ttft_s * 1e3)} ms (orange bar), "
+                     f"{len(request.itl_s) + 1} tokens by {plain((request.ttft_s + sum(request.itl_s)) * 1e3)} ms"
+                     for row, request in enumerate(requests))
+    return describe(readable(figure), f"{title}: one row per timed repeat, a blue tick at each token's emission, "
+                    f"in ms from the request's start. {said}.")
 
 
 def requests_timeline_figure(one_after_another: Any, one_batch: Any,
@@ -117,4 +131,11 @@ def requests_timeline_figure(one_after_another: Any, one_batch: Any,
              ylabel="request", title=title)
     axes.invert_yaxis()
     axes.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # beside the bars
-    return figure
+
+    def finishes(run: Any) -> str:
+        return ", ".join(f"{r.request} at {plain(r.latency_s * 1e3)} ms"
+                         for r in sorted(run.results, key=lambda r: r.request))
+
+    return describe(readable(figure), f"{title}: one bar pair per request, from its start to its last token. "
+                    f"One after another (grey), requests end: {finishes(one_after_another)}. In one batch (blue): "
+                    f"{finishes(one_batch)}.")
