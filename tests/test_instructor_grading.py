@@ -306,7 +306,7 @@ def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
 
 def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
     from labkit.exercises import get
-    from labkit.exercises.definitions import draw_cases
+    from labkit.exercises.checking import draw_cases
 
     exercise = get("00.softmax_temperature")
     _, plan, drawn = judging.plan("00", seed=5)

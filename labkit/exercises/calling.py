@@ -26,8 +26,9 @@ from typing import Any, Callable
 
 import torch
 
+from labkit.exercises.comparing import same
 from labkit.exercises.deadline import Deadline, TimeLimit, is_checker_code
-from labkit.exercises.definitions import Case, Exercise, dotted_name, same
+from labkit.exercises.definitions import Case, Exercise, dotted_name
 
 FLOOD_CHARS = 2_000  # more printed output than this from one call is reported as a failure
 

@@ -1,7 +1,8 @@
 """Judging a learner's answers against labkit's reference, kindly and honestly.
 
-:func:`check_function` runs every case of an exercise (``labkit.exercises.definitions``), each call through
-``labkit.exercises.calling``, and returns a verdict: passed, failed (first failing case, expected, got, the
+:func:`check_function` draws every case of an exercise (``labkit.exercises.definitions``, :func:`draw_cases`), calls
+the learner's function on each through ``labkit.exercises.calling``, compares each answer with labkit's through
+``labkit.exercises.comparing``, and returns a verdict: passed, failed (first failing case, expected, got, the
 difference and a hint), not attempted (the stub still raises ``NotImplementedError``), or error (labkit's own side
 broke: the reference or the random cases raised; never the learner's fault). Random cases draw a fresh seed every
 check, so a memorized answer fails; the seed is printed with a failure so it can be replayed. The grader judges
@@ -20,12 +21,12 @@ from typing import Any, Callable
 import torch
 
 from labkit.exercises.calling import FLOOD_CHARS, Outcome, call_safely, learner_frame, plain
-from labkit.exercises.definitions import (Case, Exercise, Verdict, distance_words, draw_cases, is_number, same,
-                                          tolerance_words)
+from labkit.exercises.comparing import compare, distance_words, is_number, tolerance_words
+from labkit.exercises.definitions import Case, Exercise, Verdict
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Comparing results
+# A case, shown
 
 
 def _describe(value: Any, limit: int = 8) -> str:
@@ -39,54 +40,6 @@ def _describe(value: Any, limit: int = 8) -> str:
     except Exception as error:  # noqa: BLE001 - a value whose repr breaks is still described
         return f"a {type(value).__name__} that cannot be shown ({type(error).__name__})"
     return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _entry(value: float, other: float) -> str:
-    """A number in a difference; -inf against a finite number is a removed token against a kept one."""
-    if value == -math.inf and math.isfinite(other):
-        return "-inf (removed)"
-    if math.isfinite(value) and other == -math.inf:
-        return f"{value:.6g} (kept)"
-    return f"{value:.6g}"
-
-
-def compare(expected: Any, got: Any, rtol: float, atol: float) -> str | None:
-    """Why ``got`` does not match ``expected`` (None when it does), within the given tolerances.
-
-    The difference shown is the largest among the entries that fail ``isclose`` (equal infinities are equal).
-
-    >>> compare(torch.tensor([0.5, 0.5]), torch.tensor([0.5, 0.5]), 1e-5, 1e-6) is None
-    True
-    >>> compare(torch.tensor([0.5, 0.5]), [0.5, 0.5], 1e-5, 1e-6)
-    'expected a torch.Tensor, got list'
-    >>> compare(torch.tensor([-math.inf, 2.0, 2.0]), torch.tensor([-math.inf, 2.0, 1.0]), 1e-5, 1e-6)
-    'largest difference at index (2,): expected 2, got 1 (tolerance rtol=1e-05, atol=1e-06)'
-    """
-    if isinstance(expected, torch.Tensor):
-        if got is None:
-            return "your function returned None (is a `return` missing?)"
-        if not isinstance(got, torch.Tensor):
-            return f"expected a torch.Tensor, got {type(got).__name__}"
-        if got.shape != expected.shape:
-            return f"expected shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
-        if not got.is_floating_point() and expected.is_floating_point():
-            return f"expected a floating-point tensor, got dtype {got.dtype}"
-        got64, expected64 = got.detach().double(), expected.detach().double()
-        close = torch.isclose(got64, expected64, rtol=rtol, atol=atol, equal_nan=True)
-        if bool(close.all()):
-            return None
-        # inf - inf is nan: a failing entry with no finite difference counts as infinitely far
-        distance = (got64 - expected64).abs().nan_to_num(nan=math.inf, posinf=math.inf).masked_fill(close, -1.0)
-        worst = int(distance.flatten().argmax())
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), expected.shape))
-        wanted, answered = expected64.flatten()[worst].item(), got64.flatten()[worst].item()
-        return (f"largest difference at index {index}: expected {_entry(wanted, answered)}, "
-                f"got {_entry(answered, wanted)} (tolerance rtol={rtol:g}, atol={atol:g})")
-    if isinstance(expected, float):
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            return f"expected a number, got {type(got).__name__}"
-        return None if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol) else f"expected {expected:.6g}, got {got!r}"
-    return None if same(expected, got) else f"expected {expected!r}, got {got!r}"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -133,6 +86,13 @@ def check_function(exercise: Exercise, fn: Any, seed: int | None = None) -> Verd
         raise
     except BaseException as error:  # noqa: BLE001 - the checker's own failure is reported, not raised
         return labkit_error(exercise, "labkit's checker failed", error)
+
+
+def draw_cases(exercise: Exercise, seed: int, extra: tuple[Case, ...] = ()) -> list[Case]:
+    """The hand cases, then ``extra`` (a grader's own hand cases), then ``n_random`` random cases drawn from
+    ``seed``. May raise (labkit's side)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [*exercise.hand_cases, *extra, *(exercise.random_case(generator) for _ in range(exercise.n_random))]
 
 
 def _check(exercise: Exercise, fn: Any, seed: int | None) -> Verdict:

@@ -28,11 +28,12 @@ from typing import Any
 EXACT = hasattr(dis, "_parse_exception_table")  # Python 3.11+: exception tables say where a raise is caught
 # The checker's own files: its frames are never traced or interrupted (it must always finish the check).
 _CHECKER_FILES = frozenset(os.path.normcase(os.path.join(os.path.dirname(os.path.abspath(__file__)), name))
-                           for name in ("definitions.py", "calling.py", "checking.py", "deadline.py"))
+                           for name in ("definitions.py", "calling.py", "comparing.py", "checking.py", "deadline.py"))
 
 
 def is_checker_code(code: CodeType) -> bool:
-    """Whether ``code`` belongs to the checker itself (this module, ``definitions``, ``calling`` or ``checking``)."""
+    """Whether ``code`` belongs to the checker itself (this module, ``definitions``, ``calling``, ``comparing`` or
+    ``checking``)."""
     return os.path.normcase(os.path.abspath(code.co_filename)) in _CHECKER_FILES
 
 

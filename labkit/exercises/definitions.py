@@ -5,7 +5,8 @@ with, hand-computed cases (boundaries included), a generator of random cases, to
 learner may call, and the mistakes learners really make, each with the hint that points at it. A prediction (the
 learner's guess, asked before the notebook computes the answer) is an exercise too: :func:`prediction`, and
 :func:`choice_prediction` for a multiple-choice one. A :class:`Verdict` is what a check says: passed, failed, not
-attempted or error. Calling the learner's function is ``labkit.exercises.calling``'s; judging what it answered is
+attempted or error. Calling the learner's function is ``labkit.exercises.calling``'s; comparing an answer with
+labkit's is ``labkit.exercises.comparing``'s; drawing the cases and judging the answers is
 ``labkit.exercises.checking``'s.
 
 Layer 4 (exercises): imports the core, never widgets.
@@ -13,7 +14,6 @@ Layer 4 (exercises): imports the core, never widgets.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -197,81 +197,3 @@ def single_answer(id: str, title: str, function: str, answer: Callable[[], Any],
     return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
                     rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
                     hints=(hint,))
-
-
-def draw_cases(exercise: Exercise, seed: int, extra: tuple[Case, ...] = ()) -> list[Case]:
-    """The hand cases, then ``extra`` (a grader's own hand cases), then ``n_random`` random cases drawn from
-    ``seed``. May raise (labkit's side)."""
-    generator = torch.Generator().manual_seed(seed)
-    return [*exercise.hand_cases, *extra, *(exercise.random_case(generator) for _ in range(exercise.n_random))]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# How close an answer is, in words
-
-
-def is_number(value: Any) -> bool:
-    """A real number, not a bool: what a numeric prediction must be.
-
-    >>> is_number(3), is_number(2.5), is_number(True), is_number("3")
-    (True, True, False, False)
-    """
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def same(a: Any, b: Any) -> bool:
-    """Whether two values are the same: tensors of one shape and dtype with equal entries (NaN equal to NaN),
-    sequences and dicts item by item, anything else by ``==`` (NaN equal to NaN; by identity when ``==`` breaks).
-
-    >>> same(torch.tensor([1.0, math.nan]), torch.tensor([1.0, math.nan])), same((1, [2.0]), [1, (2.0,)])
-    (True, True)
-    >>> same(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
-    False
-    """
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.nan_to_num(), b.nan_to_num())
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    try:
-        return bool(a == b) or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
-    except Exception:  # noqa: BLE001 - objects whose == misbehaves are compared by identity
-        return a is b
-
-
-def tolerance_words(exercise: Exercise) -> str:
-    """How close counts as close, in words.
-
-    >>> tolerance_words(prediction("zz.x", "X", "x", lambda: 1.0, asked="", hint="", rtol=0.5))
-    'within a factor of two'
-    """
-    rtol, atol = exercise.rtol, exercise.atol
-    if rtol == 0.5 and not atol:
-        return "within a factor of two"
-    parts = ([f"within {rtol:.0%}" if rtol >= 0.01 else f"within a relative {rtol:g}"] if rtol else []) + (
-        [f"within ±{atol:.2g}"] if atol else [])
-    return " or ".join(parts) if parts else "exactly"
-
-
-def distance_words(truth: Any, value: Any) -> str:
-    """How far a prediction is from the truth, in words.
-
-    >>> distance_words(162, 120), distance_words(4.0, 12.5), distance_words(5, 6), distance_words("b", "b")
-    ('26% too low', 'off by 3.1x (too high)', '1 too high', 'right')
-    """
-    if hasattr(truth, "distance_words"):
-        return truth.distance_words(value)
-    if not (is_number(truth) and is_number(value)):
-        return "right" if same(truth, value) else "not the answer"
-    if value == truth:
-        return "exactly right"
-    direction = "too high" if value > truth else "too low"
-    if isinstance(truth, int) and float(value).is_integer() and abs(value - truth) <= 3:
-        return f"{abs(int(value) - truth)} {direction}"
-    if truth == 0 or value / truth <= 0:
-        return f"off by {abs(value - truth):.3g} ({direction})"
-    ratio = value / truth
-    if ratio >= 2 or ratio <= 0.5:
-        return f"off by {max(ratio, 1 / ratio):.1f}x ({direction})"
-    return f"{abs(ratio - 1):.0%} {direction}"

@@ -58,7 +58,7 @@ def plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str
     """The lab's exercises, what the worker gets (per exercise: its seed and the case inputs), and per exercise
     the cases drawn (or the reason labkit could not draw them)."""
     from labkit.exercises import exercises
-    from labkit.exercises.definitions import draw_cases
+    from labkit.exercises.checking import draw_cases
     from labkit.instructor import wire
 
     chosen, plan, drawn = exercises(lab), [], {}

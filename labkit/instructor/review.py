@@ -43,6 +43,7 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
 _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker",
                     "labkit.exercises.calling": "reaches into labkit's checker",
                     "labkit.exercises.definitions": "reaches into labkit's checker",
+                    "labkit.exercises.comparing": "reaches into labkit's checker",
                     "labkit.exercises.deadline": "reaches into labkit's checker",
                     "labkit.instructor": "reaches into labkit's grader", "nbformat": "reads notebooks",
                     "torch._": "a private torch name (a lower-level route to a function)",
