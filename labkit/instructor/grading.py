@@ -75,7 +75,11 @@ class IsolationUnavailable(RuntimeError):
 
 def lab_of(notebook: Any, path: Path) -> str:
     """The lab a notebook belongs to: its ``labkit.lab`` metadata, else the file name's number prefix."""
-    lab = notebook.metadata.get("labkit", {}).get("lab")
+    metadata = notebook.metadata.get("labkit", {})
+    if not isinstance(metadata, dict):
+        raise ValueError(f"notebook {path} has labkit metadata that is a {type(metadata).__name__}, not a mapping "
+                         "with a 'lab' key (for instance {\"lab\": \"01\"})")
+    lab = metadata.get("lab")
     if lab:
         return str(lab)
     prefix = path.name.split("_", 1)[0]
@@ -125,25 +129,58 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     with JUDGE:
         _warm_model_cache()
         chosen, worker_plan, drawn = plan(lab, seed)
-    with tempfile.TemporaryDirectory(prefix="labkit-grade-", ignore_cleanup_errors=True) as scratch:
-        job = Path(scratch) / "job"
-        (job / "out").mkdir(parents=True)
-        (job / "home").mkdir()
-        (job / "submission.ipynb").write_bytes(original)
-        (job / "cases.json").write_text(json.dumps({"exercises": worker_plan}), encoding="utf-8")
+    cases = json.dumps({"exercises": worker_plan}).encode()
+    received: dict[str, Any] = {}
+
+    def exchange(read_fd: int, write_fd: int) -> None:
+        """The grader's end of the pipes: the cases only when the worker's answering step asks, then its result."""
+        from labkit.instructor import wire
+
+        while True:
+            try:
+                message = json.loads(wire.read_frame(read_fd, MAX_ANSWER_BYTES))
+            except (wire.WireError, ValueError, RecursionError) as error:
+                received.setdefault("problem", f"its worker's message could not be read ({error})")
+                return
+            if not isinstance(message, dict):
+                continue
+            if message.get("ready") is True and "sent" not in received:
+                received["sent"] = True
+                wire.send_frame(write_fd, cases)
+            elif "result" in message:
+                received["result"] = message["result"]
+                return
+
+    scratch = None if isolate else Path(tempfile.mkdtemp(prefix="labkit-grade-"))
+    try:
+        job = scratch / "job" if scratch else None
+        if job:
+            (job / "home").mkdir(parents=True)
         inside = Path(sandbox.INSIDE_JOB) if isolate else job
         run = sandbox.run_walled(
-            [sys.executable, "-m", "labkit.instructor.worker", "--job", str(inside),
+            [sys.executable, "-I", "-m", "labkit.instructor.worker", "--job", str(inside), "--lab", lab,
+             "--to-grader", "{from_worker}", "--from-grader", "{to_worker}",
              "--cell-timeout", str(cell_timeout_s), "--answer-timeout", str(max(cell_timeout_s, 300)),
-             "--output-bytes", str(limits.output_mb * 2**20)],
-            job, limits, isolate=isolate, env=_worker_env(inside), readable=_model_cache())
-        answers, answer_problem = _read_untrusted_json(job, "answers.json", MAX_ANSWER_BYTES)
-        status, _ = _read_untrusted_json(job, "status.json", 2**20)
-    status = status if isinstance(status, dict) else {}
-    if answer_problem:
-        answer_problem = run.stopped or _answer_cell_problem(status) or answer_problem
+             "--output-bytes", str(limits.output_mb * 2**20), "--budget-seconds", str(limits.budget_seconds),
+             *(["--isolated"] if isolate else [])],
+            job, limits, isolate=isolate, env=_worker_env(inside), readable=_model_cache(),
+            job_files={"submission.ipynb": original}, exchange=exchange)
+    finally:
+        if scratch is not None:
+            sandbox.remove_tree(scratch)
+    result = received.get("result") if isinstance(received.get("result"), dict) else {}
+    status = result.get("status") if isinstance(result.get("status"), dict) else {}
+    step = result.get("answers") if isinstance(result.get("answers"), dict) else {}
+    answers = step.get("answers") if isinstance(step.get("answers"), dict) else None
+    forbidden = [str(item)[:300] for item in step.get("forbidden", [])[:20]] if isinstance(
+        step.get("forbidden"), list) else []
+    answer_problem = None
+    if answers is None:
+        answer_problem = (run.stopped or _answer_cell_problem(status, step) or received.get("problem")
+                          or "the notebook's run ended without answers")
     with JUDGE:
-        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
+        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem, forbidden)
+                   for exercise in chosen]
     return printable({
         "notebook": str(path),
         "lab": lab,
@@ -151,6 +188,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "max_score": sum(r["max_points"] for r in results),
         "exercises": results,
         "cell_errors": _cell_errors(status, cell_timeout_s),
+        "forbidden": forbidden,
         "review": review_notebook(notebook, lab),
         "isolated": isolate,
         "seed": seed,
@@ -180,6 +218,7 @@ def _worker_env(job: Path) -> dict[str, str]:
 
     home = job / "home"
     return {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
+            "USER": "nobody", "LOGNAME": "nobody",
             "TMPDIR": "/tmp" if str(job).startswith("/job") else str(home), "LANG": "C.UTF-8",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "LABKIT_CACHE": str(cache_root()),
             "LABKIT_PROGRESS": str(home / "progress.json"), "MPLBACKEND": "Agg", "PYTHONDONTWRITEBYTECODE": "1",
@@ -187,31 +226,9 @@ def _worker_env(job: Path) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def _read_untrusted_json(job: Path, name: str, cap: int) -> tuple[Any, str | None]:
-    """A file the worker wrote in ``job/out``, parsed as JSON; links not followed, size capped. (value, problem)."""
-    try:
-        folder = os.open(job / "out", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            descriptor = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
-        finally:
-            os.close(folder)
-        with os.fdopen(descriptor, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                return None, f"its {name} is not a file"
-            data = file.read(cap + 1)
-    except OSError:
-        return None, "the notebook's run ended without answers"
-    if len(data) > cap:
-        return None, f"its {name} is larger than {cap // 2**20} MB"
-    try:
-        return json.loads(data), None
-    except (ValueError, RecursionError):
-        return None, f"its {name} is not readable"
-
-
-def _answer_cell_problem(status: dict[str, Any]) -> str | None:
-    error = status.get("answer_cell_error")
-    return f"the answering cell failed: {str(error)[:300]}" if error else None
+def _answer_cell_problem(status: dict[str, Any], step: dict[str, Any]) -> str | None:
+    error = step.get("error") or status.get("answer_cell_error")
+    return f"the grader's answering step failed: {str(error)[:300]}" if error else None
 
 
 def _int(value: Any) -> int:

@@ -76,9 +76,11 @@ def plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str
     return chosen, plan, drawn
 
 
-def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
+def judge(exercise: Any, cases: Any, answers: Any, problem: str | None,
+          forbidden: list[str] = ()) -> dict[str, Any]:
     """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
-    the error that stopped labkit drawing them."""
+    the error that stopped labkit drawing them; ``forbidden``: what the notebook did that a graded notebook may
+    not (the watcher's record): a zero for every exercise, with the reason."""
     from labkit.exercises.checking import check_function, code_verdict, labkit_error, prediction_verdict
     from labkit.exercises.definitions import Verdict
 
@@ -87,6 +89,9 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[
         verdict = labkit_error(exercise, "labkit could not draw the cases", cases)
     elif cases is None:
         verdict = Verdict(exercise, "failed", ("could not be graded: no cases were drawn",))
+    elif forbidden:
+        verdict = Verdict(exercise, "failed", (f"0 points: the notebook did what a graded notebook may not: "
+                                               f"{forbidden[0]}",) + tuple(forbidden[1:3]))
     elif problem is not None:
         verdict = Verdict(exercise, "failed", (f"could not be graded: {problem}",))
     elif not isinstance(answer, dict):
@@ -109,27 +114,7 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[
 
 
 def outcome_from(data: Any) -> Any:
-    """What one call did, rebuilt from the worker's plain data (anything malformed is an error, never a pass)."""
-    from labkit.exercises.calling import FLOOD_CHARS, Outcome
-    from labkit.exercises.checking import ReportedError
+    """What one call did, rebuilt from the worker's plain data (:func:`labkit.instructor.wire.outcome_from_plain`)."""
     from labkit.instructor import wire
 
-    outcome = Outcome()
-    if not isinstance(data, dict):
-        outcome.error = ReportedError("NoAnswer", "the grader got no answer for this case (the run stopped)")
-        return outcome
-    outcome.printed = str(data.get("printed") or "")[: FLOOD_CHARS + 1]
-    outcome.timed_out = data.get("timed_out") is True
-    outcome.called_forbidden = str(data["forbidden"])[:200] if data.get("forbidden") else None
-    outcome.mutated = str(data["mutated"])[:300] if data.get("mutated") else None
-    if "error" in data:
-        error = data["error"] if isinstance(data["error"], list) and len(data["error"]) == 2 else ["Error", ""]
-        name, message = str(error[0])[:80], str(error[1])[:500]
-        outcome.error = NotImplementedError(message) if name == "NotImplementedError" else ReportedError(name, message)
-        outcome.where = str(data["where"])[:300] if data.get("where") else None
-        return outcome
-    try:
-        outcome.value = wire.from_plain(data.get("value"))
-    except (wire.WireError, RecursionError, ValueError, TypeError) as error:
-        outcome.error = ReportedError("UnreadableAnswer", f"the answer could not be read back: {error}")
-    return outcome
+    return wire.outcome_from_plain(data)

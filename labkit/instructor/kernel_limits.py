@@ -57,10 +57,12 @@ class Limits:
     total_memory_mb: int = 6144  # memory of everything the submission runs together (a memory cgroup)
     wall_seconds: int = 1800  # one notebook, start to last answer; then everything it runs is killed
     output_mb: int = 16  # what the notebook prints is kept up to this; also the largest file it may write
+    disk_mb: int = 256  # the submission's folders (/job, /tmp) together: a filesystem of this size, in memory
+    budget_seconds: int = 600  # the notebook's cells together; cells past it are not run (then the answers)
 
     def __post_init__(self) -> None:
         for name, least in [("memory_mb", 256), ("cpu_seconds", 1), ("max_procs", 16), ("total_memory_mb", 256),
-                            ("wall_seconds", 10), ("output_mb", 1)]:
+                            ("wall_seconds", 10), ("output_mb", 1), ("disk_mb", 16), ("budget_seconds", 10)]:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
@@ -163,13 +165,15 @@ class Confinement:
         self.memory_cgroup = make_memory_cgroup(self.limits.total_memory_mb)
         return self
 
-    def launcher(self) -> list[str]:
-        """The command that goes before the confined command line."""
+    def launcher(self, user: int | None = None, staged: list[str] = ()) -> list[str]:
+        """The command that goes before the confined command line (run as ``user`` when started as root;
+        ``staged``: ``--stage SOURCE FOLDER`` arguments, folders bound for it before it leaves root)."""
         limits = self.limits
         cgroups = [arg for group in (self.cgroup, self.memory_cgroup) if group for arg in ("--cgroup", str(group))]
-        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroups, "--memory-mb", str(limits.memory_mb),
-                "--cpu-seconds", str(limits.cpu_seconds), "--max-procs", str(limits.max_procs),
-                "--output-mb", str(limits.output_mb), "--"]
+        as_user = ([] if user is None else ["--user", str(user)]) + list(staged)
+        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroups, *as_user,
+                "--memory-mb", str(limits.memory_mb), "--cpu-seconds", str(limits.cpu_seconds),
+                "--max-procs", str(limits.max_procs), "--output-mb", str(limits.output_mb), "--"]
 
     def describe(self) -> dict[str, str]:
         """Which mechanism enforces each limit on this machine (goes into the report)."""
@@ -185,7 +189,9 @@ class Confinement:
         return {"memory": f"{limits.memory_mb} MB address space per process (RLIMIT_AS)", "total memory": total,
                 "cpu": f"{limits.cpu_seconds} CPU seconds per process (RLIMIT_CPU)", "processes": procs,
                 "wall": f"{limits.wall_seconds} s for the whole notebook (then everything it runs is killed)",
-                "output": f"{limits.output_mb} MB of printed output kept, and per file written (RLIMIT_FSIZE)"}
+                "output": f"{limits.output_mb} MB of printed output kept, and per file written (RLIMIT_FSIZE)",
+                "disk": f"{limits.disk_mb} MB for the submission's folders together (a filesystem of that size)",
+                "budget": f"{limits.budget_seconds} s for the notebook's cells together (later cells are not run)"}
 
     def kill_all(self) -> None:
         """Kill whatever the run left (the kernel's group, and every task still in its cgroups)."""
@@ -233,8 +239,28 @@ class Confinement:
 # The launcher: runs in the kernel's process, before the kernel
 
 
-def apply_limits(limits: Limits, cgroups: list[Path]) -> None:
-    """Limit the current process (inherited by what it execs and forks)."""
+def _stage(stage: list[tuple[str, str]]) -> None:
+    """Bind each source folder on its staging folder, in a mount namespace of this process's own (so nothing
+    changes for the rest of the machine): the user the wall runs as can then reach folders it could not walk to.
+
+    Hand-written with ctypes: Python 3.11's ``os`` has neither ``unshare`` nor ``mount``."""
+    if not stage:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_bind, ms_rec, ms_private = 0x20000, 4096, 16384, 1 << 18
+    if libc.unshare(clone_newns) != 0 or libc.mount(None, b"/", None, ms_rec | ms_private, None) != 0:
+        raise SystemExit(f"labkit: no mount namespace for the wall: {os.strerror(ctypes.get_errno())}")
+    for source, folder in stage:
+        if libc.mount(source.encode(), folder.encode(), None, ms_bind | ms_rec, None) != 0:
+            raise SystemExit(f"labkit: could not stage {source}: {os.strerror(ctypes.get_errno())}")
+
+
+def apply_limits(limits: Limits, cgroups: list[Path], user: int | None = None,
+                 stage: list[tuple[str, str]] = ()) -> None:
+    """Limit the current process (inherited by what it execs and forks); then, when ``user`` is given and this
+    process is root, become that user (no supplementary groups), so the wall is never root outside."""
     for cgroup in cgroups:
         (cgroup / "cgroup.procs").write_text(str(os.getpid()))
     if not any(group.name and (group / "pids.max").exists() for group in cgroups) and os.geteuid() != 0:
@@ -245,6 +271,13 @@ def apply_limits(limits: Limits, cgroups: list[Path]) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + CPU_GRACE_S))
     file_bytes = limits.output_mb * 2**20
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+    if user is not None and os.geteuid() == 0:
+        _stage(stage)
+        os.setgroups([])
+        os.setresgid(user, user, user)
+        os.setresuid(user, user, user)
+        if os.geteuid() == 0 or os.getegid() == 0:
+            raise SystemExit("labkit: could not leave root before starting the wall")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -258,11 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-procs", type=int, required=True)
     parser.add_argument("--output-mb", type=int, default=Limits.output_mb)
     parser.add_argument("--cgroup", type=Path, action="append", default=[])
+    parser.add_argument("--user", type=int, default=None, help="run as this uid and gid when started as root")
+    parser.add_argument("--stage", nargs=2, action="append", default=[], metavar=("SOURCE", "FOLDER"))
     args = parser.parse_args(argv[:split])
     command = argv[split + 1:]
     if not command:
         parser.error("no command after --")
-    apply_limits(Limits(args.memory_mb, args.cpu_seconds, args.max_procs, output_mb=args.output_mb), args.cgroup)
+    apply_limits(Limits(args.memory_mb, args.cpu_seconds, args.max_procs, output_mb=args.output_mb), args.cgroup,
+                 args.user, [tuple(pair) for pair in args.stage])
     os.execvp(command[0], command)
 
 

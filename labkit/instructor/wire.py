@@ -1,5 +1,11 @@
 """Plain data across the grader's sandbox wall: case inputs going in, the learner's answers coming out.
 
+All of the grader's wire format lives here: values (:func:`to_plain`, :func:`from_plain`), one call's outcome
+(:func:`outcome_to_plain`, :func:`outcome_from_plain`), the frames that carry messages over a pipe or socket
+(:func:`send_frame`, :func:`read_frame`: a length, then that many bytes, never more than a cap) and the
+signature that tells the grader's own answering step from anything else in the learner's kernel
+(:func:`sign`, :func:`unsign`).
+
 Everything is JSON. A tensor travels as its dtype, shape and raw bytes (base64); a tuple, a dict with keys that
 are not strings, and the few labkit objects an exercise hands the learner (a ``ModelSpec``, a ``ScriptedClock``,
 a ``StepCounter`` ...) travel as tagged objects. Decoding builds only plain values: ``torch.Tensor`` (never a
@@ -16,7 +22,12 @@ Layer 5 (instructor tools).
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import os
+import select
+import time
 from typing import Any
 
 import torch
@@ -37,7 +48,7 @@ def _objects() -> dict[str, tuple[type, tuple[str, ...]]]:
     from labkit.runtime.scoring import ScoringModel
 
     return {"ModelSpec": (ModelSpec, ()), "ScriptedClock": (ScriptedClock, ()), "ScriptedSteps": (ScriptedSteps, ()),
-            "StepCounter": (StepCounter, ("_lm",)), "ScoringModel": (ScoringModel, ("model",))}
+            "StepCounter": (StepCounter, ("_lm",)), "ScoringModel": (ScoringModel, ("lm",))}
 
 
 class Unsupported:
@@ -219,3 +230,119 @@ def _tensor(data: dict) -> torch.Tensor:
     if not raw:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw), dtype=dtype).clone().reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One call's outcome (what the worker reports per case) and back
+
+
+def outcome_to_plain(outcome: Any, value: Any, flood_chars: int) -> dict[str, Any]:
+    """One call of the learner's function (a :class:`labkit.exercises.calling.Outcome`) as plain data."""
+    from labkit.exercises.calling import learner_frame
+
+    data: dict[str, Any] = {"printed": outcome.printed[: flood_chars + 1], "timed_out": outcome.timed_out,
+                            "forbidden": outcome.called_forbidden, "mutated": outcome.mutated}
+    if outcome.error is not None:
+        error = outcome.error
+        frame = learner_frame(error.__traceback__)
+        data["error"] = [type(error).__name__, (str(error).strip().splitlines() or [""])[0][:500]]
+        data["where"] = f"in {frame.name}: {frame.line}" if frame is not None and frame.line else None
+    else:
+        data["value"] = to_plain(value)
+    return data
+
+
+def outcome_from_plain(data: Any) -> Any:
+    """The :class:`~labkit.exercises.calling.Outcome` rebuilt from :func:`outcome_to_plain`'s data; anything
+    malformed is an error, never a pass."""
+    from labkit.exercises.calling import FLOOD_CHARS, Outcome
+    from labkit.exercises.checking import ReportedError
+
+    outcome = Outcome()
+    if not isinstance(data, dict):
+        outcome.error = ReportedError("NoAnswer", "the grader got no answer for this case (the run stopped)")
+        return outcome
+    outcome.printed = str(data.get("printed") or "")[: FLOOD_CHARS + 1]
+    outcome.timed_out = data.get("timed_out") is True
+    outcome.called_forbidden = str(data["forbidden"])[:200] if data.get("forbidden") else None
+    outcome.mutated = str(data["mutated"])[:300] if data.get("mutated") else None
+    if "error" in data:
+        error = data["error"] if isinstance(data["error"], list) and len(data["error"]) == 2 else ["Error", ""]
+        name, message = str(error[0])[:80], str(error[1])[:500]
+        outcome.error = NotImplementedError(message) if name == "NotImplementedError" else ReportedError(name, message)
+        outcome.where = str(data["where"])[:300] if data.get("where") else None
+        return outcome
+    try:
+        outcome.value = from_plain(data.get("value"))
+    except (WireError, RecursionError, ValueError, TypeError) as error:
+        outcome.error = ReportedError("UnreadableAnswer", f"the answer could not be read back: {error}")
+    return outcome
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Frames over a pipe or socket, and signed payloads
+
+_LENGTH = 8  # bytes of the big-endian length before each frame
+SIGNATURE = hashlib.sha256().digest_size
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` with its length before it (what :func:`read_frame` reads back).
+
+    >>> frame(b"go")
+    b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02go'
+    """
+    return len(payload).to_bytes(_LENGTH, "big") + payload
+
+
+def send_frame(fd: int, payload: bytes) -> None:
+    """Write one frame to the file descriptor ``fd`` (all of it; blocking)."""
+    view = memoryview(frame(payload))
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_frame(fd: int, cap: int, timeout_s: float | None = None) -> bytes:
+    """One frame from ``fd``: never more than ``cap`` bytes kept, never longer than ``timeout_s`` waited.
+
+    Raises :class:`WireError` at the end of the stream, on a frame over the cap, or when the time is up.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    header = _read_exactly(fd, _LENGTH, deadline)
+    length = int.from_bytes(header, "big")
+    if length > cap:
+        raise WireError(f"a message of {length:,} bytes, more than the {cap:,} allowed")
+    return _read_exactly(fd, length, deadline)
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
+            raise WireError("no message in time")
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise WireError("the stream ended")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def sign(key: bytes, payload: bytes) -> bytes:
+    """``payload`` signed with ``key`` (HMAC-SHA256 before it): only a holder of the key makes one."""
+    return hmac.new(key, payload, hashlib.sha256).digest() + payload
+
+
+def unsign(key: bytes, signed: bytes) -> bytes:
+    """The payload of :func:`sign`'s output; :class:`WireError` when it was not signed with ``key``.
+
+    >>> unsign(b"k", sign(b"k", b"answers"))
+    b'answers'
+    """
+    mac, payload = signed[:SIGNATURE], signed[SIGNATURE:]
+    if len(mac) != SIGNATURE or not hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).digest()):
+        raise WireError("a message not signed by the grader's answering step")
+    return payload

@@ -1,13 +1,17 @@
 """The grading worker: runs inside the wall (:mod:`labkit.instructor.sandbox`), never trusted by the grader.
 
-It executes the submitted notebook in a kernel, cell by cell (a time limit per cell; a kernel that ignores the
-interrupt is killed and the run starts again without that cell; what cells print is kept up to a cap), then runs
-one last cell that calls the learner's functions on the case inputs the grader wrote to ``cases.json``
-(:func:`answer_cases`) and writes what each call returned, as plain data, to ``out/answers.json``. It writes
-``out/status.json`` (cell errors, skipped cells) too. Neither file decides anything: the grader reads them as
-untrusted data, compares the answers with labkit's reference itself, and gives the points.
+It executes the submitted notebook in a kernel, cell by cell (a time limit per cell, a time budget for all of
+them; a kernel that ignores the interrupt is killed and the run starts again without that cell; what cells print
+is kept up to a cap). The kernel's first cell is the grader's own (:func:`labkit.instructor.watch.install`,
+before any learner code), its last the answering step. Between the worker and that step runs a socket only the
+kernel was given, and a key sent over it before the first learner cell: the step signs "go", and only then does
+the worker ask the grader (over a pipe the kernel never had) for the case inputs and pass them on; the answers
+come back signed. Anything else the kernel says on that socket is not an answer. Before the step, every process
+the notebook left running is killed. The worker itself cannot be read or traced by the kernel (it is not
+dumpable), and it hands the grader one message: the cells' errors and the answers, or why there are none.
 
-    python -m labkit.instructor.worker --job DIR --cell-timeout 120 --answer-timeout 600 --output-bytes N
+    python -I -m labkit.instructor.worker --job DIR --lab 00 --to-grader FD --from-grader FD \
+        --cell-timeout 120 --answer-timeout 600 --output-bytes N --budget-seconds 600
 
 Layer 5 (instructor tools).
 """
@@ -18,76 +22,26 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 MAX_KERNEL_DEATHS = 3
 INTERRUPT_GRACE_S = 5  # after a time limit's interrupt, how long a kernel has to stop before it is killed
-_ANSWER_CELL = ("from labkit.instructor.worker import answer_cases as _labkit_answer_cases\n"
-                "_labkit_answer_cases(globals(), {cases!r}, {answers!r})")
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Inside the learner's kernel: call the functions, write plain answers
+_PROLOGUE = ("import labkit.instructor.watch as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\n"
+             "del _labkit_watch")
+_ANSWER_CELL = "__import__('sys').audit('labkit.answer')"
+MAX_MESSAGE_BYTES = 256 * 2**20
 
 
 def answer_cases(namespace: dict[str, Any], cases_path: str, answers_path: str) -> None:
-    """Call each exercise's function from ``namespace`` on its cases; write what happened as plain data.
-
-    An exercise stops at the first call that cannot be right whatever labkit's answer is (it raised, ran out of
-    time, called labkit's reference): the grader's verdict stops there too.
-    """
-    import torch
-
-    from labkit.exercises import get
-    from labkit.exercises.calling import call_safely, plain
-    from labkit.exercises.definitions import Case
-    from labkit.instructor import wire
+    """The answering step without a kernel or a wall (tests, and grading by hand): ``cases_path``'s plan
+    answered from ``namespace``, written to ``answers_path``."""
+    from labkit.instructor.watch import answer_plan
 
     plan = json.loads(Path(cases_path).read_text(encoding="utf-8"))
-    answers: dict[str, Any] = {}
-    for item in plan["exercises"]:
-        try:
-            exercise = get(item["id"])
-        except ValueError:  # not an exercise this labkit knows: no answer, and the grader says so
-            continue
-        function = namespace.get(exercise.function)
-        if function is None:
-            answers[exercise.id] = {"missing": True}
-            continue
-        if not callable(function):
-            answers[exercise.id] = {"not_callable": type(function).__name__}
-            continue
-        random.seed(item["seed"])  # a learner's function that draws random numbers draws the same each grading
-        torch.manual_seed(item["seed"])
-        outcomes = []
-        for encoded in item["cases"]:
-            args, kwargs = wire.from_plain(encoded, objects=True)
-            outcome = call_safely(exercise, function, Case(tuple(args), dict(kwargs)))
-            value = plain(outcome.value) if exercise.kind == "prediction" else outcome.value
-            outcomes.append(_outcome_data(outcome, value))
-            if outcome.error is not None or outcome.timed_out or outcome.called_forbidden:
-                break
-        answers[exercise.id] = {"outcomes": outcomes}
-    Path(answers_path).write_text(json.dumps(answers), encoding="utf-8")
-
-
-def _outcome_data(outcome: Any, value: Any) -> dict[str, Any]:
-    from labkit.exercises.calling import FLOOD_CHARS, learner_frame
-    from labkit.instructor import wire
-
-    data: dict[str, Any] = {"printed": outcome.printed[: FLOOD_CHARS + 1], "timed_out": outcome.timed_out,
-                            "forbidden": outcome.called_forbidden, "mutated": outcome.mutated}
-    if outcome.error is not None:
-        error = outcome.error
-        frame = learner_frame(error.__traceback__)
-        data["error"] = [type(error).__name__, (str(error).strip().splitlines() or [""])[0][:500]]
-        data["where"] = f"in {frame.name}: {frame.line}" if frame is not None and frame.line else None
-    else:
-        data["value"] = wire.to_plain(value)
-    return data
+    Path(answers_path).write_text(json.dumps(answer_plan(namespace, plan)), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -131,39 +85,140 @@ def _client_class():
     return CappedClient
 
 
-def run_notebook(job: Path, cell_timeout_s: int, answer_timeout_s: int, output_bytes: int) -> dict[str, Any]:
-    """Execute ``job/submission.ipynb`` and its answer cell; return the status (also written to out/status.json)."""
+class _Step:
+    """The worker's side of the answering step: go (signed) -> the cases from the grader -> answers (signed)."""
+
+    def __init__(self, sock: Any, key: bytes, grader: tuple[int, int], timeout_s: int) -> None:
+        self.sock, self.key, self.grader, self.timeout_s = sock, key, grader, timeout_s
+        self.answers: Any = None
+        self.error: str | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from labkit.instructor import wire
+
+        fd = self.sock.fileno()
+        try:
+            for _ in range(1000):  # what a learner cell left on the socket is skipped: only a signed "go" counts
+                try:
+                    if wire.unsign(self.key, wire.read_frame(fd, 2**20, self.timeout_s)) == b"go":
+                        break
+                except wire.WireError as error:
+                    if "signed" not in str(error):
+                        raise
+            else:
+                raise wire.WireError("the grader's step never started")
+            wire.send_frame(self.grader[1], json.dumps({"ready": True}).encode())
+            wire.send_frame(fd, wire.read_frame(self.grader[0], MAX_MESSAGE_BYTES, self.timeout_s))
+            while True:
+                try:
+                    result = json.loads(wire.unsign(self.key, wire.read_frame(fd, MAX_MESSAGE_BYTES, self.timeout_s)))
+                    break
+                except wire.WireError as error:
+                    if "signed" not in str(error):
+                        raise
+            self.answers = result
+        except Exception as error:  # noqa: BLE001 - reported as the step's error
+            self.error = f"{type(error).__name__}: {error}"[:300]
+
+    def wait(self, timeout_s: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=timeout_s)
+
+
+def _kill_others(keep: set[int]) -> None:
+    """Kill every process of the wall's PID namespace but the worker, its ancestors and the kernel."""
+    import signal
+
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in keep and int(entry) != me:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.add(pid)
+    return found | {1}
+
+
+def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: int, answer_timeout_s: int,
+                 output_bytes: int, budget_s: int, isolated: bool) -> dict[str, Any]:
+    """Execute ``job/submission.ipynb`` between the grader's first and last cells; the status and answers."""
+    import socket
     import tempfile
+    import time
 
     import nbformat
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
+
+    from labkit.instructor import wire
 
     skipped: dict[int, str] = {}
     client_class = _client_class()
     budget = output_bytes
     # Read once, before any of its code runs: a notebook that rewrites its own file changes nothing here.
     original = (job / "submission.ipynb").read_text(encoding="utf-8", errors="replace")
+    step: _Step | None = None
+    spent = {"seconds": 0.0, "started": None}
     for _ in range(MAX_KERNEL_DEATHS + 1):
+        if isolated:
+            _kill_others(_ancestors())  # nothing a previous kernel left may touch the next one's start
         notebook = nbformat.reads(original, as_version=4)
         for index in skipped:
-            notebook.cells[index].source = "# skipped by the grader: this cell stopped the kernel"
-        notebook.cells.append(nbformat.v4.new_code_cell(_ANSWER_CELL.format(
-            cases=str(job / "cases.json"), answers=str(job / "out" / "answers.json"))))
+            notebook.cells[index].source = "# skipped by the grader: " + skipped[index]
+        ours, kernels = socket.socketpair()
+        key = os.urandom(32)
+        wire.send_frame(ours.fileno(), key)
+        step = _Step(ours, key, grader, answer_timeout_s)
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(_PROLOGUE.format(fd=kernels.fileno(), lab=lab)))
+        notebook.cells.append(nbformat.v4.new_code_cell(_ANSWER_CELL))
         last = len(notebook.cells) - 1
         errors: dict[int, str] = {}
         # IPC sockets in the private /tmp rather than TCP on the (empty) loopback: nothing listens on a port.
         config = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(tempfile.mkdtemp()) / "kernel")}})
+        # Fresh configuration folders for each kernel, made after every process the notebook left was killed: a
+        # startup file, configuration or kernel spec a learner cell wrote never runs before the grader's cell.
+        fresh = Path(tempfile.mkdtemp(prefix="kernel-"))
+        os.environ.update(IPYTHONDIR=str(fresh / "ipython"), JUPYTER_CONFIG_DIR=str(fresh / "config"),
+                          JUPYTER_DATA_DIR=str(fresh / "data"), JUPYTER_PATH="", PYTHONSAFEPATH="1",
+                          PYTHONNOUSERSITE="1")
         client = client_class(
             notebook, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True, config=config,
             timeout_func=lambda cell: answer_timeout_s if cell is notebook.cells[last] else cell_timeout_s,
             error_on_timeout={"ename": "CellTimeout", "evalue": "", "traceback": []},
-            resources={"metadata": {"path": str(job)}},
+            resources={"metadata": {"path": str(job)}}, extra_arguments=["--IPKernelApp.ignore_cwd=True"],
         )
         client.output_budget = budget
 
-        def started(cell, cell_index, client=client):
+        def started(cell, cell_index, client=client, step=step, last=last):
             client.current_cell = cell_index
+            now = time.monotonic()
+            if spent["started"] is not None:
+                spent["seconds"] += now - spent["started"]
+            spent["started"] = now if 0 < cell_index < last else None
+            if 0 < cell_index < last and spent["seconds"] > budget_s:
+                skipped.setdefault(cell_index - 1, f"not run: the notebook's cells had used their time budget of "
+                                                   f"{budget_s} s")
+                cell.source = "pass"
+            if cell_index == last:
+                process = getattr(client, "kernel_process", None)
+                if isolated and process is not None:
+                    _kill_others(_ancestors() | {process.pid})
+                step.start()
 
         def executed(cell, cell_index, execute_reply, errors=errors):
             for output in cell.get("outputs", []):
@@ -179,22 +234,30 @@ def run_notebook(job: Path, cell_timeout_s: int, answer_timeout_s: int, output_b
         client.on_cell_start = started
         client.on_cell_executed = executed
         client.on_notebook_start = kernel_started
+        os.set_inheritable(kernels.fileno(), True)
         try:
-            client.execute()
+            client.execute(pass_fds=(kernels.fileno(),), cwd=str(job))
         except DeadKernelError:
             died = client.current_cell
-            if died is None or died == last:
+            if died is None or died in (0, last):
                 break
-            skipped[died] = ("the kernel ignored the interrupt at the time limit and was killed"
-                             if client.ignored_interrupt_at == died else _death_reason(client))
+            skipped[died - 1] = ("the kernel ignored the interrupt at the time limit and was killed"
+                                 if client.ignored_interrupt_at == died else _death_reason(client))
             budget = client.output_budget
             continue
+        finally:
+            kernels.close()
         break
-    status = {"errors": {str(k): v for k, v in errors.items() if k != last},
-              "answer_cell_error": errors.get(last), "skipped": {str(k): v for k, v in skipped.items()},
-              "output_dropped_bytes": client.output_dropped}
-    (job / "out" / "status.json").write_text(json.dumps(status), encoding="utf-8")
-    return status
+    step.wait(5)
+    answers = step.answers if isinstance(step.answers, dict) else None
+    prologue_error = errors.get(0)
+    answer_error = step.error or errors.get(last)
+    if prologue_error:
+        answer_error = f"the grader's first cell failed: {prologue_error}"
+    status = {"errors": {str(k - 1): v for k, v in errors.items() if k not in (0, last)},
+              "answer_cell_error": None if answers and "answers" in answers else (answer_error or "no answers"),
+              "skipped": {str(k): v for k, v in skipped.items()}, "output_dropped_bytes": client.output_dropped}
+    return {"status": status, "answers": answers}
 
 
 def _death_reason(client: Any) -> str:
@@ -211,16 +274,39 @@ def _death_reason(client: Any) -> str:
     return f"the kernel died in this cell: it exited with code {code}"
 
 
+def _not_dumpable() -> None:
+    """Neither the kernel nor anything it starts (the same user) may trace this process or read its memory and
+    file descriptors (``PR_SET_DUMPABLE`` 0). Hand-written with ctypes: Python has no ``prctl``."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m labkit.instructor.worker")
     parser.add_argument("--job", type=Path, required=True)
+    parser.add_argument("--lab", required=True)
+    parser.add_argument("--to-grader", type=int, required=True)
+    parser.add_argument("--from-grader", type=int, required=True)
     parser.add_argument("--cell-timeout", type=int, required=True)
     parser.add_argument("--answer-timeout", type=int, required=True)
     parser.add_argument("--output-bytes", type=int, required=True)
+    parser.add_argument("--budget-seconds", type=int, default=600)
+    parser.add_argument("--isolated", action="store_true")
     args = parser.parse_args(argv)
-    (args.job / "out").mkdir(exist_ok=True)
+    _not_dumpable()
+    for fd in (args.to_grader, args.from_grader):
+        os.set_inheritable(fd, False)  # the kernel never gets the grader's pipes
     os.environ.setdefault("JUPYTER_RUNTIME_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "jupyter-runtime"))
-    run_notebook(args.job, args.cell_timeout, args.answer_timeout, args.output_bytes)
+    from labkit.instructor import wire
+
+    try:
+        result = run_notebook(args.job, args.lab, (args.from_grader, args.to_grader), args.cell_timeout,
+                              args.answer_timeout, args.output_bytes, args.budget_seconds, args.isolated)
+    except Exception as error:  # noqa: BLE001 - the grader reports it
+        result = {"status": {"answer_cell_error": f"the worker failed: {type(error).__name__}: {error}"[:300]},
+                  "answers": None}
+    wire.send_frame(args.to_grader, json.dumps({"result": result}).encode())
 
 
 if __name__ == "__main__":
