@@ -20,7 +20,7 @@ def _changes(n_changes: int):
               ("kv_dtype", KV_FORMATS), ("attention", ATTENTION), ("tp", TP_DEGREES),
               ("prefill_chunk", [value for _, value in PREFILL]),
               ("preset", ["Llama-3-8B", "Llama-3.3-70B", "Mistral-7B", "Qwen3-0.6B", "SmolLM2-135M"]),
-              ("gpu", ["A100-80GB", "H100-SXM", "T4", "L4", "H200"])]
+              ("gpu_name", ["A100-80GB", "H100-SXM", "T4", "L4", "H200"])]
     streams = {name: itertools.cycle(values) for name, values in cycles}
     names = itertools.cycle(streams)  # one control after another, each stepping through its values
     for _ in range(n_changes):

@@ -72,12 +72,15 @@ def test_render_moves_the_same_artists():
 def test_widget_builds_and_answers_every_control():
     explorer = memory_explorer()
     controls, image, text = explorer.controls, explorer.canvas.image, explorer.text
-    for name, value in [("preset", "Qwen3-0.6B"), ("gpu", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
+    for name, value in [("preset", "Qwen3-0.6B"), ("gpu_name", "T4"), ("weight_fmt", "int4"), ("kv_dtype", "fp8"),
                         ("log2_batch", 7), ("log2_seq", 15), ("attention", "MQA"), ("tp", 2),
                         ("prefill_chunk", 8192)]:
-        before = (image.value, text.value)
+        before = (image.value, text.value, explorer.canvas.alt_text)
         controls[name].value = value
-        assert (image.value, text.value) != before, name
+        after = (image.value, text.value, explorer.canvas.alt_text)
+        assert all(b != a for b, a in zip(before, after)), name  # the picture, the numbers and its text
+    assert "Qwen3-0.6B on 2 x T4, batch 128 x 32,768 tokens, INT4 weights, FP8 KV cache" in explorer.canvas.alt_text
+    assert explorer.canvas.alt_text in explorer.canvas.caption.value.replace("&#x27;", "'")
     assert "H_kv 1 (of 1, over 2 GPUs)" in text.value  # MQA over 2 GPUs: the single KV head is copied
     controls["preset"].value = "Falcon-7B"  # 71 heads over 2 GPUs: reported, not raised
     assert "impossible setting" in explorer.verdict.value
@@ -103,6 +106,9 @@ def test_display_carries_the_widget_and_a_picture_of_it():
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.widget.model_id
     assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
     assert "VBox" not in bundle["text/plain"]
+    # The picture's HTML form: the same PNG, with the text alternative the caption shows.
+    assert bundle["text/html"].startswith(f'<img src="data:image/png;base64,{bundle["image/png"]}" alt="Llama-3-8B on 1')
+    assert "red line at the GPU&#x27;s 85.9 GB: fits" in bundle["text/html"]  # escaped for an attribute
 
 
 def test_no_number_in_the_text_is_the_explorer_s_own_arithmetic():

@@ -92,7 +92,8 @@ def test_the_batches_never_measured_are_shaded():
     spans = explorer.figure.outside
     assert explorer.figure.outside_batches == [(3.5, 8.5)]  # batch 4 and up: the fit measured 1 to 3
     assert len(spans) == 2 and {span.axes for span in spans} == {explorer.figure.latency, explorer.figure.throughput}
-    assert "not measured" in [t.get_text() for t in explorer.figure.throughput.get_legend().get_texts()]
+    assert "batch sizes not measured" in [t.get_text() for t in explorer.canvas.figure.legends[0].get_texts()]
+    assert "Shaded: batch sizes outside the measured 1 to 3." in explorer.canvas.alt_text
     assert timing_explorer(LATENCY).figure.outside == []
 
 

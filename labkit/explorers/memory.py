@@ -86,9 +86,10 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     )
 
 
-def compute(preset: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
+def compute(preset: str, gpu_name: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
             seq_len: int = 4096, attention: str = "as built", tp: int = 1, prefill_chunk: int = 0) -> MemoryView:
-    """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in).
+    """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in: ``preset``
+    names the model, ``gpu_name`` the GPU; ``gpu`` is the README's GPUSpec, the view's ``gpu``).
 
     ``prefill_chunk``: tokens per prefill step (0: every prompt in one pass, the largest activation peak).
 
@@ -96,21 +97,21 @@ def compute(preset: str, gpu: str, weight_fmt: str = "bf16", kv_dtype: str = "bf
     >>> view.budget.kv_cache_bytes == 8 * GIB, view.budget.fits, view.max_batch >= 16
     (True, True, True)
     """
-    as_built, device, layout = model_preset(preset), gpu_preset(gpu), model_layout(preset)
+    as_built, gpu, layout = model_preset(preset), gpu_preset(gpu_name), model_layout(preset)
     spec = as_built
     options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
                    group_size=GROUP_SIZE if weight_fmt.startswith("int") else None, scale_bytes=SCALE_BYTES,
                    workspace_fraction=WORKSPACE_FRACTION, prefill_chunk_tokens=prefill_chunk or None)
     try:
         spec = with_attention(as_built, attention)
-        b = budget(spec, device, batch_size, seq_len, **options)
+        b = budget(spec, gpu, batch_size, seq_len, **options)
     except ValueError as error:  # an impossible setting is shown, not raised into the widget
-        return MemoryView(spec, device, batch_size, seq_len, tp, None, 0, 0, (), str(error))
+        return MemoryView(spec, gpu, batch_size, seq_len, tp, None, 0, 0, (), str(error))
     return MemoryView(
-        spec=spec, gpu=device, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
-        max_batch=max_batch_size(spec, device, seq_len, **options),
-        max_seq=max_seq_len(spec, device, batch_size, **options),
-        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk, device),
+        spec=spec, gpu=gpu, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
+        max_batch=max_batch_size(spec, gpu, seq_len, **options),
+        max_seq=max_seq_len(spec, gpu, batch_size, **options),
+        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk, gpu),
     )
 
 
@@ -135,29 +136,27 @@ def verdict_text(view: MemoryView) -> str:
 
 
 class MemoryFigure:
-    """A horizontal stacked bar against the GPU's capacity, drawn once and moved by ``render``."""
+    """A horizontal stacked bar against the GPU's capacity, its key in the picture, drawn once and moved by
+    ``render``."""
 
-    def __init__(self, width_in: float = 5.25, height_in: float = 1.5, dpi: int = 80):
+    def __init__(self, width_in: float = 6.0, height_in: float = 2.0, dpi: int = 80):
+        from labkit.explorers.canvas import readable
+
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.axes = self.canvas.figure.add_subplot()
         self.bars = [self.axes.barh(0, 1.0, left=0.0, height=0.6, color=c, edgecolor="white", label=p)[0]
                      for p, c in zip(PARTS, COLOURS)]
-        self.capacity = self.axes.axvline(1.0, color="#c0392b", linewidth=2)
+        self.bars[-1].set_edgecolor("#8c8c8c")  # free memory: light grey, outlined so it shows on white
+        self.capacity = self.axes.axvline(1.0, color="#c0392b", linewidth=2, label="the GPU's memory")
         self.axes.set_yticks([])
-        self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory as nvidia-smi reports it",
-                             fontsize=8)
-        self.axes.tick_params(labelsize=8)
-        # Text is what costs time to draw, so the key is HTML (legend_html) and the margins are fixed: room on
-        # the right for half of a tick label at the axis end, which the x range moves on every update.
-        self.canvas.figure.subplots_adjust(left=0.02, right=0.95, bottom=0.42, top=0.95)
+        self.axes.set_xlabel("GB (10^9 bytes) per GPU; red line: the GPU's memory (nvidia-smi)")
+        # The key under the axis, in the picture (a static view shows it too); margins fixed: room on the right
+        # for half of a tick label at the axis end, which the x range moves on every update.
+        self.canvas.figure.legend(loc="lower center", ncols=3, frameon=False, handlelength=1.2, columnspacing=1.2,
+                                  borderaxespad=0.2)
+        readable(self.canvas.figure)
+        self.canvas.figure.subplots_adjust(left=0.02, right=0.95, bottom=0.56, top=0.97)
         self.canvas.refresh()
-
-
-def legend_html() -> str:
-    """The colour key of the bar, as HTML (drawn once by the browser, not on every update)."""
-    keys = "".join(f'<span style="background:{c};display:inline-block;width:12px;height:12px;margin:0 4px 0 10px">'
-                   f"</span>{html.escape(p)}" for p, c in zip(PARTS, COLOURS))
-    return f'<div style="font-size:12px;line-height:1.6">{keys}</div>'
 
 
 def render(figure: MemoryFigure, view: MemoryView) -> None:
@@ -171,6 +170,24 @@ def render(figure: MemoryFigure, view: MemoryView) -> None:
     figure.capacity.set_xdata([capacity_gb, capacity_gb])
     figure.axes.set_xlim(0, max(left, capacity_gb) * 1.04)
     figure.canvas.refresh()
+
+
+def alt_text(view: MemoryView, weight_fmt: str, kv_dtype: str, attention: str, prefill_chunk: int) -> str:
+    """What the picture shows, in numbers: the setting, each part of the bar in GB, the GPU's line, the verdict.
+
+    >>> view = compute("Llama-3-8B", "H100-SXM", batch_size=16, seq_len=4096, kv_dtype="fp16")
+    >>> alt_text(view, "bf16", "fp16", "as built", 0).split("; ")[1]
+    'KV cache 8.59'
+    """
+    prefill = next(name for name, chunk in PREFILL if chunk == prefill_chunk)
+    setting = (f"{view.spec.name} on {view.tp} x {view.gpu.name}, batch {view.batch_size:,} x {view.seq_len:,} tokens, "
+               f"{weight_fmt.upper()} weights, {kv_dtype.upper()} KV cache, attention {attention}, prefill {prefill}")
+    if view.budget is None:
+        return f"{setting}: no bar, the setting is impossible ({view.error})."
+    parts = "; ".join(f"{part} {gb:,.2f}" for part, gb in zip(PARTS, bar_parts_gb(view)))
+    verdict = "fits" if view.budget.fits else "does not fit"
+    return (f"{setting}. Stacked bar, GB per GPU: {parts}; red line at the GPU's {view.gpu.memory_bytes / GB:,.1f} GB: "
+            f"{verdict}, {view.budget.total_gb:,.1f} GB in all.")
 
 
 def verdict_html(view: MemoryView) -> str:
@@ -193,7 +210,7 @@ class MemoryExplorer(Explorer):
 
     title = "KV-cache explorer"
 
-    def __init__(self, preset: str = "Llama-3-8B", gpu: str = "A100-80GB"):
+    def __init__(self, preset: str = "Llama-3-8B", gpu_name: str = "A100-80GB"):
         import ipywidgets as widgets
 
         style = layout.description_style(84)
@@ -207,8 +224,8 @@ class MemoryExplorer(Explorer):
         self.controls = {
             "preset": widgets.Dropdown(options=list(model_presets()), value=preset, description="model", style=style,
                                        layout=layout.full_width()),
-            "gpu": widgets.Dropdown(options=list(gpu_presets()), value=gpu, description="GPU", style=style,
-                                    layout=layout.full_width()),
+            "gpu_name": widgets.Dropdown(options=list(gpu_presets()), value=gpu_name, description="GPU",
+                                         style=style, layout=layout.full_width()),
             "weight_fmt": toggles(WEIGHT_FORMATS, "bf16", "weights", 52),
             "kv_dtype": toggles(KV_FORMATS, "bf16", "KV cache", 52),
             "attention": toggles(ATTENTION, "as built", "attention", 68),
@@ -228,11 +245,11 @@ class MemoryExplorer(Explorer):
             control.observe(self.update, names="value")
         self.update()
         c = self.controls
-        figure_column = widgets.VBox([layout.figure_image(self.canvas), widgets.HTML(legend_html()), self.verdict],
+        figure_column = widgets.VBox([layout.figure_image(self.canvas), self.verdict],
                                      layout=widgets.Layout(width=f"{self.canvas.pixel_size[0] + 12}px",
                                                            max_width="100%", flex="0 1 auto"))
         self.widget = widgets.VBox([
-            layout.row([layout.column([c["preset"], c["gpu"], c["weight_fmt"], c["kv_dtype"], c["attention"],
+            layout.row([layout.column([c["preset"], c["gpu_name"], c["weight_fmt"], c["kv_dtype"], c["attention"],
                                        c["tp"], c["prefill_chunk"], c["log2_batch"], c["log2_seq"], self.sizes],
                                       self.column_width),
                         figure_column]),
@@ -249,10 +266,14 @@ class MemoryExplorer(Explorer):
         self.sizes.value = (f'<div style="font-size:12px">batch {view.batch_size:,} sequences &times; context '
                             f"{view.seq_len:,} tokens</div>")
         render(self.figure, view)
+        settings = self.values()
+        self.canvas.describe(alt_text(view, settings["weight_fmt"], settings["kv_dtype"], settings["attention"],
+                                      settings["prefill_chunk"]))
         self.verdict.value = verdict_html(view)
         self.text.value = steps_html(view)
 
 
-def memory_explorer(preset: str = "Llama-3-8B", gpu: str = "A100-80GB") -> MemoryExplorer:
-    """The lab 05 explorer (leave it last in a cell to show it); ``preset`` and ``gpu`` are preset names."""
-    return MemoryExplorer(preset, gpu)
+def memory_explorer(preset: str = "Llama-3-8B", gpu_name: str = "A100-80GB") -> MemoryExplorer:
+    """The lab 05 explorer (leave it last in a cell to show it); ``preset`` names the model and ``gpu_name`` the
+    GPU, both presets (``gpu`` is a GPUSpec everywhere in labkit)."""
+    return MemoryExplorer(preset, gpu_name)

@@ -57,10 +57,11 @@ class OutlierFigure:
     RANGE = (1e-3, 1e5)  # y range of the middle panel
     SQNR_RANGE = (-5.0, 65.0)  # dB, the lower panel (an exact scheme is drawn at the top)
 
-    def __init__(self, width_in: float = 7.2, height_in: float = 6.4, dpi: int = 64):
+    # 496 x 496 px: beside the 360 px controls at 1024 px wide, with every text at 11 px (canvas.MIN_TEXT_PX).
+    def __init__(self, width_in: float = 6.2, height_in: float = 6.2, dpi: int = 80):
         from matplotlib.colors import Normalize
 
-        from labkit.explorers.canvas import FigureCanvas
+        from labkit.explorers.canvas import FigureCanvas, readable
 
         self.canvas = FigureCanvas(width_in, height_in, dpi)
         figure = self.canvas.figure
@@ -72,8 +73,8 @@ class OutlierFigure:
         colorbar = figure.colorbar(self.image, ax=self.heat_axes, label="|activation|, all layers")
         ticks = np.arange(-2, 5)
         colorbar.set_ticks(ticks, labels=[f"1e{t}" for t in ticks])
-        self.heat_axes.set_xlabel("channel", fontsize=8)
-        self.heat_axes.set_ylabel("token", fontsize=8)
+        self.heat_axes.set_xlabel("channel")
+        self.heat_axes.set_ylabel("token")
         styles = [("activation before", "#4c72b0", "-"), ("activation after", "#4c72b0", ":"),
                   ("weight before", "#dd8452", "-"), ("weight after", "#dd8452", ":")]
         self.lines = [self.range_axes.plot([0, 1], [1, 1], color=c, linestyle=s, linewidth=0.9, label=label,
@@ -81,24 +82,22 @@ class OutlierFigure:
         self.range_axes.set_yscale("log")
         self.range_axes.set_ylim(*self.RANGE)
         self.range_axes.minorticks_off()
-        self.range_axes.set_xlabel("input channel of the Linear (SmoothQuant: max over tokens / output rows)",
-                                   fontsize=8)
-        self.range_axes.set_ylabel("max |value|", fontsize=8)
-        self.range_axes.legend(fontsize=7, ncol=4, loc="upper center")
+        self.range_axes.set_xlabel("input channel of the Linear (SmoothQuant)")
+        self.range_axes.set_ylabel("max |value|")
+        # Above the panel, outside it: inside, the lines run at every height.
+        self.range_axes.legend(ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+                               borderaxespad=0.1, handlelength=1.6, columnspacing=1.0)
         self.sqnr_lines = [self.sqnr_axes.plot([0, 1], [0, 0], color=c, linewidth=1.2, marker=".", markersize=3,
                                                label=label, animated=True)[0]
                            for label, c in zip(("per tensor", "per token", "outliers kept"),
                                                ("#c44e52", "#4c72b0", "#55a868"))]
         self.layer_marker = self.sqnr_axes.axvline(0, color="black", linewidth=0.8, linestyle="--", animated=True)
         self.sqnr_axes.set_ylim(*self.SQNR_RANGE)
-        self.sqnr_axes.set_xlabel("layer (INT8 SQNR of the median token, this tensor; higher is better)",
-                                  fontsize=8)
-        self.sqnr_axes.set_ylabel("token SQNR dB", fontsize=8)
-        # Above the panel: inside, the lines run at every height.
-        self.sqnr_axes.legend(fontsize=7, ncol=3, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False,
-                              borderaxespad=0.1)
-        for axes in (self.heat_axes, self.range_axes, self.sqnr_axes):
-            axes.tick_params(labelsize=7)
+        self.sqnr_axes.set_xlabel("layer (INT8, median token; higher is better)")
+        self.sqnr_axes.set_ylabel("SQNR dB")
+        self.sqnr_axes.legend(ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
+                              borderaxespad=0.1, handlelength=1.6, columnspacing=1.0)
+        readable(figure)
         self.canvas.agg.draw()  # solve the constrained layout once; redraws keep it
         self.canvas.figure.set_layout_engine("none")
         self._shape: tuple[int, int, int, int] | None = None
@@ -132,6 +131,24 @@ def render(figure: OutlierFigure, view: OutlierView) -> None:
         line.set_data(np.arange(len(values)), np.clip(values, *figure.SQNR_RANGE))
     figure.layer_marker.set_xdata([view.tensor.layer, view.tensor.layer])
     figure.redraw()
+
+
+def alt_text(view: OutlierView, zeroed_at: int | None = None) -> str:
+    """What the picture shows, in numbers: the heatmap's peak and median channel, the SmoothQuant ranges, the SQNR
+    lines at the layer shown (computed from the view; nothing recomputed).
+    """
+    t, th, sm, layers = view.tensor, view.threshold, view.smoothing, view.layers
+    channel, peak, token = t.top_channels[0]
+    median_channel = float(np.median(t.magnitudes.max(axis=0)))
+    (act_before, act_after), (w_before, w_after) = sm.act_range, sm.weight_range
+    sqnr = ", ".join(f"{name} {values[t.layer]:.1f} dB" for name, values in layers.sqnr.items())
+    state = f", massive activations zeroed at layer {zeroed_at}" if zeroed_at is not None else ""
+    return (f"Layer {t.layer}, {t.source}{state}. Top: |activation| per token and channel, log colour 0.01 to "
+            f"30,000: per-channel maximum |x| peaks at channel {channel} with {peak:,.1f} (token {token}), the median "
+            f"channel {median_channel:.3g}; {len(th.outlier_channels)} channel(s) reach the threshold {th.threshold:g}. "
+            f"Middle: SmoothQuant α {sm.alpha:.2f}, activation max {act_before.max():,.1f} before, "
+            f"{act_after.max():,.1f} after (blue); weight max {w_before.max():.3f} before, {w_after.max():.3f} after "
+            f"(orange). Bottom: INT8 SQNR of the median token at every layer, at layer {t.layer}: {sqnr}.")
 
 
 def intervention_html(data: OutlierData) -> str:
@@ -257,6 +274,7 @@ class OutlierExplorer(Explorer):
         self.view = OutlierView(tensor, threshold, smoothing,
                                 LayersView(self.source.value, self.threshold.value, {**fixed, SCHEMES[2]: kept}))
         render(self.figure, self.view)  # blitted: a few ms, even when only the SQNR lines moved
+        self.canvas.describe(alt_text(self.view, self.data.zeroed_at))
         self.numbers.value = numbers_html(self.view, self.data)
 
 

@@ -76,6 +76,22 @@ def summary_html(view: SamplingView) -> str:
             f"<tr><th>token</th><th>model</th><th>sampling</th></tr>{rows}</table>")
 
 
+def alt_text(view: SamplingView, settings: dict[str, Any], n_listed: int = 5) -> str:
+    """What the picture shows, in numbers: the setting, then the first candidates' two probabilities.
+
+    >>> view = SamplingView(("a", "b"), (0.75, 0.25), (1.0, 0.0), 1, 0.75, 0.0, 4)
+    >>> alt_text(view, {"temperature": 1.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "order": "temperature_first"})
+    "Temperature 1.00, top-k 1, top-p off, min-p off, temperature first: bars of the 2 most likely next tokens, the model's probability (grey) against the sampling distribution (blue): 'a' 0.750 -> 1.000, 'b' 0.250 -> removed; 1 of 4 tokens kept."
+    """
+    k, p, m = settings["top_k"], settings["top_p"], settings["min_p"]
+    setting = (f"Temperature {settings['temperature']:.2f}, top-k {k or 'off'}, top-p {f'{p:.2f}' if p < 1 else 'off'}, "
+               f"min-p {f'{m:.2f}' if m > 0 else 'off'}, {settings['order'].replace('_', ' ')}")
+    bars = ", ".join(f"{token!r} {model:.3f} -> {'removed' if final == 0 else f'{final:.3f}'}" for token, model, final
+                     in list(zip(view.tokens, view.model_probs, view.sampling_probs))[:n_listed])
+    return (f"{setting}: bars of the {len(view.tokens)} most likely next tokens, the model's probability (grey) "
+            f"against the sampling distribution (blue): {bars}; {view.n_kept:,} of {view.vocab:,} tokens kept.")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # render: artists made once, updated in place
 
@@ -91,7 +107,7 @@ class SamplingPlot:
     X_LIMITS = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
     def __init__(self, n_show: int, width_in: float = 5.8, height_in: float = 3.6, dpi: int = 80):
-        from labkit.explorers.canvas import FigureCanvas
+        from labkit.explorers.canvas import FigureCanvas, readable
 
         self.canvas = FigureCanvas(width_in, height_in, dpi)
         self.axes = self.canvas.figure.add_subplot()
@@ -103,15 +119,16 @@ class SamplingPlot:
         self.axes.set_xlabel("probability")
         self.axes.grid(axis="x", color="#eeeeee")
         self.axes.set_axisbelow(True)
-        self.axes.legend(loc="lower right", fontsize=8)
+        self.axes.legend(loc="lower right")
         self.bars = [*self.model_bars, *self.sampling_bars]
         for bar in self.bars:
             bar.set_animated(True)  # left out of the background, drawn by hand on every update
         self.x_limit = self.X_LIMITS[-1]
+        readable(self.canvas.figure)
 
     def set_tokens(self, texts: tuple[str, ...]) -> None:
         """Token texts on the y axis (they change only with the prompt)."""
-        self.axes.set_yticks(range(len(texts)), [repr(text) for text in texts], fontsize=8)
+        self.axes.set_yticks(range(len(texts)), [repr(text) for text in texts])
         self.canvas.forget_backgrounds()
 
     def set_x_limit(self, largest: float) -> None:
@@ -211,8 +228,10 @@ class SamplingExplorer(Explorer):
         self.update()
 
     def update(self, change: Any = None) -> None:
-        view = compute(self.scores, **self.settings())
+        settings = self.settings()
+        view = compute(self.scores, **settings)
         render(self.plot, view)
+        self.canvas.describe(alt_text(view, settings))
         self.numbers.value = summary_html(view)
 
     def show_continuations(self) -> None:

@@ -21,7 +21,7 @@ from labkit.core import validation
 from labkit.core.latency_model import LatencyFit, LatencyModel, LatencyPrediction
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
-from labkit.explorers.canvas import FigureCanvas
+from labkit.explorers.canvas import FigureCanvas, plain, readable
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class TimingFigure:
     curves, the measured markers and the batch cursor.
     """
 
-    def __init__(self, max_batch: int, width_in: float = 6.4, height_in: float = 2.7, dpi: int = 80,
+    def __init__(self, max_batch: int, width_in: float = 6.4, height_in: float = 3.3, dpi: int = 80,
                  fitted_batches: tuple[int, int] | None = None):
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)
         self.latency, self.throughput = self.canvas.figure.subplots(1, 2)
@@ -191,13 +191,18 @@ class TimingFigure:
         self.cursors = [axes.axvline(1, color="grey", linestyle=":", **kw) for axes in (self.latency, self.throughput)]
         self.latency.set(xlabel="batch size", ylabel="seconds per request", xlim=(0.5, max_batch + 0.5))
         self.throughput.set(xlabel="batch size", ylabel="output tokens/s (batch)", xlim=(0.5, max_batch + 0.5))
-        for axes in (self.latency, self.throughput):
-            axes.tick_params(labelsize=8)
-            axes.xaxis.label.set_size(8)
-            axes.yaxis.label.set_size(8)
-        self.latency.legend(fontsize=7, loc="upper left")
-        self.throughput.legend(fontsize=7, loc="upper left")
-        self.canvas.figure.subplots_adjust(left=0.1, right=0.98, bottom=0.17, top=0.97, wspace=0.32)
+        # One key for both panels, under them (inside, it covered the curves); the cursor is the chosen batch.
+        handles = [self.e2e_line, self.ttft_line, self.tput_line, self.e2e_dots, self.ttft_dots, self.tput_dots]
+        labels = ["E2E, predicted", "TTFT, predicted", "tokens/s, predicted", "E2E, measured", "TTFT, measured",
+                  "tokens/s, measured"]
+        if self.outside:
+            handles.append(self.outside[0])
+            labels.append("batch sizes not measured")
+        self.canvas.figure.legend(handles, labels, loc="lower center", ncols=3, frameon=False, handlelength=1.5,
+                                  columnspacing=1.0, borderaxespad=0.2)
+        readable(self.canvas.figure)
+        bottom = 0.46 if self.outside else 0.4
+        self.canvas.figure.subplots_adjust(left=0.1, right=0.98, bottom=bottom, top=0.97, wspace=0.34)
 
     def redraw(self, limits: tuple[float, float]) -> None:
         """Set these y limits and draw the moving artists over their background."""
@@ -222,6 +227,30 @@ def render(figure: TimingFigure, view: TimingView) -> None:
     top_latency = max([*view.e2e_curve_s, *(m.e2e_s for m in measured)])
     top_tput = max([*view.throughput_curve, *(m.tokens_per_s for m in measured)])
     figure.redraw((layout.nice_limit(top_latency * 1.1), layout.nice_limit(top_tput * 1.1)))
+
+
+def alt_text(view: TimingView) -> str:
+    """What the picture shows, in numbers: the setting, both panels' predictions at the cursor and along the batch
+    axis, the measured points, the shaded range.
+
+    >>> latency = LatencyModel(0.01, 0.001, 0.05, 0.005, 0.0)
+    >>> alt_text(compute(latency, prompt_len=10, output_len=3, batch_size=2, max_batch=4)).split(". ")[0]
+    '10 prompt tokens, 3 new tokens, batch 2 (dotted line)'
+    """
+    b, p, xs = view.batch_size, view.prediction, view.batch_sizes
+    measured = sorted(view.measured, key=lambda m: m.batch_size)
+    dots = ("; measured at this setting: " + ", ".join(
+        f"batch {m.batch_size} E2E {plain(m.e2e_s)} s, TTFT {plain(m.ttft_s)} s, {plain(m.tokens_per_s)} tokens/s"
+        for m in measured)) if measured else "; nothing measured at this setting"
+    shaded = ""
+    if view.fitted_batches is not None:
+        shaded = f" Shaded: batch sizes outside the measured {view.fitted_batches[0]} to {view.fitted_batches[1]}."
+    return (f"{view.prompt_len} prompt tokens, {view.output_len} new tokens, batch {b} (dotted line). Left: seconds "
+            f"per request against batch size {xs[0]} to {xs[-1]}, predicted E2E {plain(p.e2e_s)} s and TTFT "
+            f"{plain(p.ttft_s)} s at batch {b} (E2E {plain(view.e2e_curve_s[0])} s at batch {xs[0]}, "
+            f"{plain(view.e2e_curve_s[-1])} s at {xs[-1]}). Right: output tokens per second of the batch, predicted "
+            f"{plain(p.tokens_per_s)} at batch {b} ({plain(view.throughput_curve[0])} at {xs[0]}, "
+            f"{plain(view.throughput_curve[-1])} at {xs[-1]}){dots}.{shaded}")
 
 
 class TimingExplorer(Explorer):
@@ -261,6 +290,7 @@ class TimingExplorer(Explorer):
         values = {name: control.value for name, control in self.controls.items()}
         view = compute(self.latency, measured=self.measured, max_batch=self.max_batch, **values)
         render(self.figure, view)
+        self.canvas.describe(alt_text(view))
         self.text.value = summary_html(view)
 
 
