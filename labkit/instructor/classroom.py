@@ -1,28 +1,40 @@
-"""Grading a class: a folder of submissions graded in parallel, one JSON report each, and a CSV gradebook.
+"""Grading a class: a folder of submissions graded on Dask workers, one JSON report each, a CSV gradebook, a picture.
 
 A notebook directly inside the folder belongs to the learner named by its file's stem, a notebook in a subfolder
-to the learner named by the subfolder. :func:`grade_class` grades ``jobs`` submissions at a time, each walled
-off on its own (:func:`labkit.instructor.grading.grade_notebook`): one that crashes, hangs or floods is that
-submission's report, never its neighbours'. Only after every run has ended does this process write one JSON
-report per submission and the CSV gradebook, one row per learner (see :func:`gradebook`), each file whole or not
-at all (written aside, then renamed). A file that cannot be graded at all is a note on its learner's row and
-never stops the class.
+to the learner named by the subfolder. :func:`grade_class` checks every file on this machine first (a link, a file
+too large, not a notebook, no lab: a note on its learner's row, never shipped), then grades each distinct
+submission once, walled off on a worker (:mod:`labkit.instructor.cluster`; ``jobs`` local worker processes, or a
+running scheduler). Each finished report is kept at once in the result store (:mod:`labkit.instructor.results`),
+so the same command run again after an interruption grades only what is missing and writes the same gradebook.
+This process is the only writer of the output folder::
 
-    labkit grade submissions/ [--out submissions-grades] [--jobs 2]
+    OUT/gradebook.csv      one row per learner (see labkit.instructor.gradebook)
+    OUT/class.png          per exercise passed / failed / not attempted, and the score distribution
+    OUT/reports/NAME.json  one report per submission; NAME is its path in the class, URL-quoted ("/" is %2F)
+    OUT/results/KEY.json   the result store
+
+so no learner's file or folder name can take the place of another output.
+
+    labkit grade submissions/ [--out submissions-grades] [--jobs 2] [--scheduler tls://host:8786]
 """
 
 from __future__ import annotations
 
-import csv
-import io
+import hashlib
 import json
-import os
+import time
+import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from labkit.instructor.grading import grade_notebook, printable
+from labkit.instructor.gradebook import csv_safe, csv_text, format_class_summary, gradebook, plain  # noqa: F401
+from labkit.instructor.grading import printable
 from labkit.instructor.kernel_limits import Limits
-from labkit.instructor.review import summary_text
+from labkit.instructor.results import (STORE, ResultStore, content_hash, grading_context, result_key,
+                                       write_atomically)
+
+INTERRUPTED = "not graded yet: the run was interrupted (run the same command again to grade the rest)"
+
 
 def find_submissions(folder: Path) -> list[tuple[str, Path]]:
     """(learner, notebook) for every submission in ``folder``, in path order.
@@ -57,165 +69,227 @@ def symlinked_submissions(folder: Path) -> list[tuple[str, Path]]:
     return links
 
 
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+def report_path(out: Path, folder: Path, notebook: Path) -> Path:
+    """Where a submission's report goes: one flat folder, the class path URL-quoted, so names cannot collide.
 
-
-def csv_safe(value: Any) -> Any:
-    """A gradebook cell a spreadsheet shows as text: a string that would start a formula gets a leading quote.
-
-    >>> csv_safe("=1+1"), csv_safe("-1"), csv_safe("ana"), csv_safe(3)
-    ("'=1+1", "'-1", 'ana', 3)
+    >>> report_path(Path("o"), Path("c"), Path("c/ana/00_start_here.ipynb")).as_posix()
+    'o/reports/ana%2F00_start_here.json'
+    >>> report_path(Path("o"), Path("c"), Path("c/ana.json/x.ipynb")) != report_path(Path("o"), Path("c"), Path("c/ana.ipynb"))
+    True
     """
-    if isinstance(value, str) and value.startswith(_FORMULA_START):
-        return "'" + value
-    return value
+    relative = Path(notebook).relative_to(folder).as_posix()
+    name = urllib.parse.quote(relative[: -len(".ipynb")] if relative.endswith(".ipynb") else relative, safe="")
+    if len(name.encode()) > 200:  # a file name has at most 255 bytes: keep a prefix and a hash of the whole
+        name = f"{name[:120]}~{hashlib.sha256(relative.encode()).hexdigest()[:16]}"
+    return Path(out) / "reports" / f"{name}.json"
 
 
-def _grade_or_explain(path: Path, cell_timeout_s: int, limits: Limits, secret: bytes, isolate: bool) -> dict[str, Any]:
-    """grade_notebook, or a report that says why the submission could not be graded at all."""
-    try:
-        return grade_notebook(path, cell_timeout_s, limits, secret=secret, isolate=isolate)
-    except Exception as error:  # noqa: BLE001 - one broken submission never stops the class
-        return _unreadable(path, error)
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` whole, or keeps what it held: written to a file beside it, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    aside = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    with open(aside, "w", encoding="utf-8", newline="") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(aside, path)
-
-
-def _unreadable(path: Path, error: BaseException) -> dict[str, Any]:
-    first_line = printable((str(error).splitlines() or [""])[0])
+def _unreadable(path: Path, error: BaseException | str) -> dict[str, Any]:
+    if isinstance(error, str):
+        text = error
+    else:
+        text = f"could not be graded: {type(error).__name__}: {printable((str(error).splitlines() or [''])[0])}"
     return {"notebook": str(path), "lab": None, "score": 0, "max_score": 0, "exercises": [], "cell_errors": [],
-            "error": f"could not be graded: {type(error).__name__}: {first_line}"}
+            "error": text}
+
+
+def _check_submission(path: Path) -> tuple[bytes, str, str]:
+    """(bytes, lab, code hash) of a submission this machine accepts for shipping; raises with the reason."""
+    import nbformat
+
+    from labkit.core.course import labs
+    from labkit.instructor.grading import lab_of, read_submission
+
+    data = read_submission(path)
+    notebook = nbformat.reads(data.decode("utf-8", errors="replace"), as_version=4)
+    lab = lab_of(notebook, path)
+    known = [entry.notebook.split("_", 1)[0] for entry in labs()]
+    if lab not in known:
+        raise ValueError(f"its lab {lab!r} is not one of the course's ({', '.join(known)})")
+    code = "\0".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
+    return data, lab, hashlib.sha256(code.encode()).hexdigest()
 
 
 def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 120, limits: Limits = Limits(),
-                progress: Any = print, *, secret: bytes | None = None, isolate: bool = True) -> list[dict[str, Any]]:
-    """Grade every submission in ``folder``, ``jobs`` at a time; write their JSON reports and the gradebook to ``out``.
+                progress: Callable[[str], None] | None = print, *, secret: bytes | None = None, isolate: bool = True,
+                scheduler: str | None = None, security: Any = None, insecure_plain_tcp: bool = False,
+                worker_secret_file: Path | None = None, bar: bool = False, dashboard: bool = False,
+                grader: Callable[..., dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Grade every submission in ``folder`` on ``jobs`` local workers (or the cluster at ``scheduler``); write the
+    reports, the gradebook and the class picture to ``out``. Returns the reports in path order.
 
-    Each report gains a ``learner`` field and is written to ``out`` under the submission's relative path with the
-    suffix ``.json``; the gradebook is ``out/gradebook.csv``. Returns the reports in path order.
+    ``secret`` salts the random cases (default :func:`~labkit.instructor.judging.grading_secret`); it reaches the
+    workers once each, over TLS; over a plain-TCP ``scheduler`` (loopback, or anywhere with
+    ``insecure_plain_tcp``) each worker reads it from ``worker_secret_file`` instead. ``grader`` replaces
+    :func:`~labkit.instructor.grading.grade_notebook` on the workers (same signature; the benchmarks' stand-in).
+    On an interrupt (Ctrl-C) every sandbox is stopped, what was finished is written (the rest noted on its rows)
+    and ``KeyboardInterrupt`` is raised again.
     """
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from labkit.instructor.grading import require_isolation
     from labkit.instructor.judging import grading_secret
-    from labkit.instructor.sandbox import stop_all
 
     folder, out = Path(folder), Path(out)
+    say = progress or (lambda line: None)
     if not folder.is_dir():
         raise FileNotFoundError(f"path {folder} is not a folder")
-    if not isinstance(jobs, int) or jobs < 1:
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     submissions = find_submissions(folder)
     if not submissions:
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
-    if isolate:
+    if scheduler is None and isolate:
+        from labkit.instructor.grading import require_isolation
+
         require_isolation()
     secret = grading_secret() if secret is None else secret
-    reports: dict[Path, dict[str, Any]] = {}
-    # Threads suffice here: each submission runs in its own walled-off process tree, and this process only
-    # prepares cases and judges answers (one thread at a time, see judging.JUDGE).
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_grade_or_explain, path, cell_timeout_s, limits, secret, isolate): (learner, path)
-                   for learner, path in submissions}
+    context = grading_context(secret, cell_timeout_s, limits, isolate)
+    store = ResultStore(out / STORE)
+    entries: dict[Path, dict[str, Any]] = {}
+    for learner, path in submissions:  # checked here, before anything is shipped
         try:
-            for future in as_completed(futures):
-                learner, path = futures[future]
+            data, lab, code = _check_submission(path)
+        except Exception as error:  # noqa: BLE001 - one unreadable file is its learner's note, never the class's
+            entries[path] = {"learner": learner, "report": _unreadable(path, error)}
+            continue
+        entries[path] = {"learner": learner, "key": result_key(content_hash(data), {**context, "lab": lab}),
+                         "code": code, "lab": lab}
+    wanted = {entry["key"]: path for path, entry in entries.items() if "key" in entry}
+    stored = store.keys()
+    todo = {key: path for key, path in wanted.items() if key not in stored}
+    failures: dict[str, str] = {}
+    started, workers, interrupted = time.monotonic(), 0, False
+    if todo:
+        try:
+            workers = _grade_on_cluster(todo, entries, store, failures, say, jobs=jobs, scheduler=scheduler,
+                                        security=security, insecure_plain_tcp=insecure_plain_tcp,
+                                        worker_secret_file=worker_secret_file, secret=secret, bar=bar,
+                                        dashboard=dashboard, options={"cell_timeout_s": cell_timeout_s,
+                                                                      "limits": limits, "isolate": isolate,
+                                                                      "grader": grader})
+        except KeyboardInterrupt:
+            interrupted = True
+    reports = _assemble(submissions, entries, store, failures, interrupted)
+    _write_outputs(folder, out, submissions, reports)
+    kept = store.keys()
+    with_key = sum(1 for entry in entries.values() if "key" in entry)
+    say(_throughput(len(todo), sum(1 for key in todo if key in kept), len(wanted) - len(todo),
+                    len(entries) - with_key, with_key - len(wanted), time.monotonic() - started, workers))
+    if interrupted:
+        raise KeyboardInterrupt(f"interrupted: what was finished is in {out}")
+    return reports
+
+
+def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]], store: ResultStore,
+                      failures: dict[str, str], say: Callable[[str], None], *, jobs: int, scheduler: str | None,
+                      security: Any, insecure_plain_tcp: bool, worker_secret_file: Path | None, secret: bytes,
+                      bar: bool, dashboard: bool, options: dict[str, Any]) -> int:
+    """Grade the submissions of ``todo`` (key -> path), storing each report as it comes; the number of workers."""
+    from tqdm.auto import tqdm
+
+    from labkit.instructor.cluster import (PLUGIN, ClassRun, GraderPlugin, machine_identity, open_client,
+                                          prepare_model_cache)
+    from labkit.instructor.grading import read_submission
+    from labkit.instructor.results import secret_identity
+
+    prepare_model_cache()  # once on this machine, before any local worker starts
+    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp,
+                     dashboard=dashboard) as (client, encrypted):
+        expected = machine_identity()
+        if not encrypted and worker_secret_file is None:
+            raise ValueError("over a plain-TCP scheduler the secret does not travel: give worker_secret_file "
+                             "(--worker-secret-file), a file holding it on every worker, or use tls://")
+        secret_option = {"secret": secret} if encrypted else {"secret_file": str(worker_secret_file)}
+        with tqdm(total=len(todo), unit="submission", disable=not bar, dynamic_ncols=True) as meter:
+            write = meter.write if bar else say
+            run = ClassRun(client, options, deadline_s=_deadline_s(options), say=write)
+            client.register_plugin(GraderPlugin(expected, options["isolate"], secret_identity(secret),
+                                                **secret_option), name=PLUGIN)
+            try:
+                if dashboard and client.dashboard_link:
+                    write(f"Dask dashboard: {client.dashboard_link}")
+                workers = run.usable_workers()
+                learners = _learners_by_key(entries)
+
+                def done(key: str, outcome: dict[str, Any]) -> None:
+                    if "report" in outcome:
+                        store.put(key, outcome["report"])
+                        report = outcome["report"]
+                        text = f"lab {report['lab']}: {report['score']}/{report['max_score']}"
+                    else:
+                        failures[key] = outcome["error"]
+                        text = outcome["error"]
+                    for learner, path in learners.get(key, []):
+                        write(plain(f"graded {learner} ({path.name}): {text}"))
+                    meter.update(1)
+                    meter.set_postfix(failures=len(failures), refresh=False)
+
+                def load(path: Path, key: str) -> Callable[[], bytes]:
+                    return lambda: read_submission(path)
+
+                run.run([(key, path.name, load(path, key)) for key, path in todo.items()], done,
+                        window=max(4, 2 * workers))
+            except KeyboardInterrupt:
+                run.stop()  # every sandbox on every worker ends now; a local cluster closes with its processes
+                raise
+            finally:
                 try:
-                    report = future.result()
-                except Exception as error:  # noqa: BLE001 - one submission's failure is its own report
-                    report = _unreadable(path, error)
-                report["learner"] = learner
-                reports[path] = report
-                outcome = report.get("error") or f"lab {report['lab']}: {report['score']}/{report['max_score']}"
-                progress(printable(f"graded {learner} ({path.name}): {outcome}"))
-        except KeyboardInterrupt:  # the instructor stopped the class: end every run now, write nothing
-            pool.shutdown(wait=False, cancel_futures=True)
-            stop_all()
-            raise
-    # Every run has ended (each was killed at its end, with everything it started): now the files are written.
-    ordered = [reports[path] for _, path in submissions]
-    for (_, path), report in zip(submissions, ordered):
-        write_atomically(out / path.relative_to(folder).with_suffix(".json"), json.dumps(report, indent=2))
+                    client.unregister_worker_plugin(PLUGIN)  # the scheduler keeps no copy of the secret
+                except Exception:  # noqa: BLE001 - a closing cluster may not answer
+                    pass
+            if run.retries:
+                write(f"{run.retries} submissions were started again after their worker died")
+        return workers
+
+
+def _deadline_s(options: dict[str, Any]) -> float:
+    """How long one submission may hold a worker before the client gives up on it: its wall time plus the
+    answering step and the judge's time."""
+    return options["limits"].wall_seconds + max(300, options["cell_timeout_s"]) + 300
+
+
+def _learners_by_key(entries: dict[Path, dict[str, Any]]) -> dict[str, list[tuple[str, Path]]]:
+    found: dict[str, list[tuple[str, Path]]] = {}
+    for path, entry in entries.items():
+        if "key" in entry:
+            found.setdefault(entry["key"], []).append((entry["learner"], path))
+    return found
+
+
+def _assemble(submissions: list[tuple[str, Path]], entries: dict[Path, dict[str, Any]], store: ResultStore,
+              failures: dict[str, str], interrupted: bool) -> list[dict[str, Any]]:
+    reports = []
+    for learner, path in submissions:
+        entry = entries[path]
+        if "report" in entry:
+            report = entry["report"]
+        elif (stored := store.get(entry["key"])) is not None:
+            report = {**stored, "notebook": str(path), "code_sha256": entry["code"]}
+        else:
+            report = _unreadable(path, failures.get(entry["key"], INTERRUPTED if interrupted else
+                                                    "could not be graded: no result came back"))
+        reports.append({**report, "learner": learner})
+    return reports
+
+
+def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]], reports: list[dict[str, Any]]) -> None:
+    from labkit.instructor.class_picture import save_class_picture
+
+    for (_, path), report in zip(submissions, reports):
+        write_atomically(report_path(out, folder, path), json.dumps(report, indent=2))
     for learner, link in symlinked_submissions(folder):
-        ordered.append({"learner": learner, "notebook": link.name, "lab": None, "score": 0, "max_score": 0,
+        reports.append({"learner": learner, "notebook": link.name, "lab": None, "score": 0, "max_score": 0,
                         "exercises": [], "cell_errors": [],
                         "error": "not graded: a symbolic link, not a notebook handed in"})
-    columns, rows = gradebook(ordered)
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows([{key: csv_safe(printable(value)) for key, value in row.items()} for row in rows])
-    write_atomically(out / "gradebook.csv", text.getvalue())
-    return ordered
+    write_atomically(out / "gradebook.csv", csv_text(reports))
+    save_class_picture(reports, out / "class.png")
 
 
-def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """The gradebook's columns and one row per learner.
-
-    Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
-    submission (labs in order, each lab's exercises in registration order) holding the points earned, then
-    ``total``, ``max`` (the points available in the labs that learner handed in), ``predictions close`` (how
-    many of the predictions in those labs came close, "k/n": accuracy, apart from the points), ``review`` (code
-    in the counted submissions worth the instructor's look, by cell and line; see :mod:`labkit.instructor.review`)
-    and ``notes`` (including "not isolated" when a submission ran without the wall). A
-    cell is empty where the learner handed in no submission of that exercise's lab. When a learner handed in one
-    lab twice, the better submission counts and the note says so. A submission that could not be graded is a note.
-    """
-    exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
-    columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "predictions close",
-               "review", "notes"]
-    rows = []
-    for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
-        mine = [r for r in reports if r["learner"] == learner]
-        notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
-        best: dict[str, dict[str, Any]] = {}
-        for report in (r for r in mine if "error" not in r):
-            lab = report["lab"]
-            if lab in best:
-                notes.append(f"lab {lab} handed in twice; the better submission counts")
-            if lab not in best or report["score"] > best[lab]["score"]:
-                best[lab] = report
-        row: dict[str, Any] = {"learner": learner, "labs": " ".join(sorted(best)), "notes": "; ".join(notes)}
-        for report in best.values():
-            row.update({result["id"]: result["points"] for result in report["exercises"]})
-        row["total"] = sum(report["score"] for report in best.values())
-        row["max"] = sum(report["max_score"] for report in best.values())
-        predictions = [result for report in best.values() for result in report["exercises"]
-                       if result.get("kind") == "prediction"]
-        row["predictions close"] = (f"{sum(result.get('close') is True for result in predictions)}/{len(predictions)}"
-                                    if predictions else "")
-        row["review"] = "; ".join(f"lab {lab}: {summary_text(report['review'])}" for lab, report in sorted(best.items())
-                                  if report.get("review"))
-        if any(report.get("isolated") is False for report in best.values()):
-            row["notes"] = "; ".join(filter(None, [row["notes"], "not isolated"]))
-        rows.append(row)
-    return columns, rows
-
-
-def format_class_summary(reports: list[dict[str, Any]]) -> str:
-    """Per learner their score and notes; per exercise how many submissions passed, failed or did not attempt it."""
-    _, rows = gradebook(reports)
-    width = max(12, *(len(row["learner"]) for row in rows))
-    lines = [f"{'learner':<{width}} {'labs':<12} {'score':>9}  notes"]
-    for row in rows:
-        lines.append(f"{row['learner']:<{width}} {row['labs'] or '-':<12} {row['total']:>4}/{row['max']:<4}  "
-                     f"{row['notes']}".rstrip())
-    counts: dict[str, dict[str, int]] = {}
-    for report in reports:
-        for result in report["exercises"]:
-            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0, "error": 0})
-            tally[result["status"]] += 1
-    width = max(28, *(len(ex_id) for ex_id in counts)) if counts else 28
-    lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]
-    for ex_id, tally in sorted(counts.items()):
-        lines.append(f"{ex_id:<{width}} {tally['passed']:>7} {tally['failed']:>7} {tally['not attempted']:>14}")
-    return printable("\n".join(lines))
+def _throughput(shipped: int, graded: int, reused: int, rejected: int, copies: int, seconds: float,
+                workers: int) -> str:
+    minutes = max(seconds, 1e-9) / 60
+    rate = (f": {graded / minutes:.1f} per minute, {graded / minutes / workers:.2f} per minute per worker"
+            if workers and graded else "")
+    extra = [f"{reused} already graded by an earlier run" if reused else "",
+             f"{copies} byte-identical copies graded once" if copies else "",
+             f"{rejected} rejected before shipping" if rejected else ""]
+    return "; ".join(filter(None, [f"graded {graded} of {shipped} submissions sent in {seconds:.0f} s on "
+                                   f"{workers} workers{rate}", *extra]))

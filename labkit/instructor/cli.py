@@ -2,7 +2,8 @@
 
     labkit build [--execute] [NAME ...]   learner notebooks from notebooks/solutions (optionally executed)
     labkit grade NOTEBOOK [--json F]      run a submission headless and score each exercise
-    labkit grade FOLDER [--out D] [--jobs N]   grade a class: a JSON per submission and a CSV gradebook
+    labkit grade FOLDER [--out D] [--jobs N | --scheduler tls://HOST:8786]
+                                          grade a class on Dask: a JSON per submission, a CSV gradebook, a picture
     labkit cache                          where the model cache lives and how big it is
     labkit clear-cache                    delete it (the next load converts again)
 """
@@ -33,6 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, help="a folder: where reports and gradebook.csv go (default FOLDER-grades)")
     grade.add_argument("--jobs", type=int, default=default_jobs,
                        help=f"a folder: submissions graded at once (default {default_jobs})")
+    grade.add_argument("--scheduler", help="a folder: grade on the running Dask scheduler at this address "
+                       "(tls://HOST:8786; tcp:// only on loopback unless --insecure-plain-tcp) instead of --jobs "
+                       "local workers")
+    grade.add_argument("--tls-ca-file", type=Path, help="with tls://: the certificate authority of the cluster")
+    grade.add_argument("--tls-cert", type=Path, help="with tls://: this client's certificate")
+    grade.add_argument("--tls-key", type=Path, help="with tls://: this client's private key")
+    grade.add_argument("--insecure-plain-tcp", action="store_true",
+                       help="allow a tcp:// scheduler off this machine (anyone who reaches it can run code on "
+                            "every worker)")
+    grade.add_argument("--worker-secret-file", type=Path,
+                       help="with a tcp:// scheduler: the file holding the secret on every worker (the secret "
+                            "travels only over TLS; default: --secret-file)")
     grade.add_argument("--cell-timeout", type=int, default=120, help="seconds each cell may run (default 120)")
     defaults = Limits()
     grade.add_argument("--memory-mb", type=int, default=defaults.memory_mb,
@@ -84,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
-    from labkit.instructor.classroom import format_class_summary, grade_class
     from labkit.instructor.grading import IsolationUnavailable, format_report, grade_notebook
     from labkit.instructor.judging import grading_secret
 
@@ -106,15 +118,7 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.path.is_dir():
         if args.json:
             parser.error("--json is for one notebook; a folder's reports go to --out")
-        out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
-        try:
-            reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits,
-                                  **options)
-        except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
-            parser.error(str(error))
-        print()
-        print(format_class_summary(reports))
-        print(f"\nwrote {len(reports)} reports and {out / 'gradebook.csv'}")
+        _grade_folder(parser, args, limits, options)
         return
     if args.out:
         parser.error("--out is for a folder of submissions; use --json for one notebook")
@@ -128,6 +132,49 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
         write_atomically(args.json, json.dumps(report, indent=2))
         print(f"wrote {args.json}")
+
+
+def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, limits: Limits,
+                  options: dict) -> None:
+    from labkit.instructor.classroom import format_class_summary, grade_class
+    from labkit.instructor.grading import IsolationUnavailable
+
+    out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
+    tls = [args.tls_ca_file, args.tls_cert, args.tls_key]
+    security = None
+    if any(tls):
+        if not all(tls) or not args.scheduler:
+            parser.error("--tls-ca-file, --tls-cert and --tls-key go together, with --scheduler tls://...")
+        from distributed import Security
+
+        security = Security(tls_ca_file=str(args.tls_ca_file), tls_client_cert=str(args.tls_cert),
+                            tls_client_key=str(args.tls_key), require_encryption=True)
+    cluster = {"scheduler": args.scheduler, "security": security, "insecure_plain_tcp": args.insecure_plain_tcp,
+               "worker_secret_file": args.worker_secret_file or args.secret_file or _kept_secret_file()}
+    try:
+        reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits,
+                              bar=True, dashboard=True, **cluster, **options)
+    except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
+        parser.error(str(error))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the reports of what was finished and a gradebook are in {out}; the same command "
+              "grades the rest", file=sys.stderr)
+        raise SystemExit(130) from None
+    except RuntimeError as error:  # no usable worker: each one's reason
+        print(f"labkit grade: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print()
+    print(format_class_summary(reports))
+    print(f"\nwrote {len(reports)} reports to {out / 'reports'}, {out / 'gradebook.csv'} and {out / 'class.png'}")
+
+
+def _kept_secret_file() -> Path | None:
+    """The secret file labkit keeps (when no $LABKIT_GRADING_SECRET overrides it): workers on this machine or a
+    shared home read the same file."""
+    from labkit.exercises.progress import progress_path
+    from labkit.instructor.judging import SECRET_ENV
+
+    return None if os.environ.get(SECRET_ENV) else progress_path().with_name("grading-secret")
 
 
 if __name__ == "__main__":

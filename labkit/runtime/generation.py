@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from labkit.core import sampling, validation
+from labkit.core import distribution, sampling, validation
 # The model is only ever run through the runtime; these names are re-exported for the labs that call them.
 from labkit.runtime import (StepInfo, cache_length, decode_one_token, full_logits, model_device, prefill,
                             synchronize)
@@ -167,7 +167,7 @@ def greedy_margins(model: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Te
     """Each generated token's logit margin over the best other token, ``[batch, n_new]``, from one uncached pass.
 
     ``prompt_ids`` ``[batch, prompt_len]`` and ``new_token_ids`` ``[batch, n_new]`` (no padding). A greedy choice
-    made with a margin above ``sampling.CLEAR_MARGIN`` is the same on any path that computes these logits in
+    made with a margin above ``distribution.CLEAR_MARGIN`` is the same on any path that computes these logits in
     another float order (a cache, a batch, a copy of the weights, another CPU); a small or negative margin marks a
     step where two correct implementations may part.
     """
@@ -180,4 +180,4 @@ def greedy_margins(model: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Te
     everything = torch.cat([prompt_ids, new_token_ids.to(prompt_ids.device)], dim=1)
     logits = full_logits(model, everything, device=device)  # [batch, prompt_len + n_new, vocab]
     deciding = logits[:, prompt_len - 1 : prompt_len - 1 + n_new]  # the positions that chose each new token
-    return sampling.choice_margin(deciding, new_token_ids.to(deciding.device))
+    return distribution.choice_margin(deciding, new_token_ids.to(deciding.device))

@@ -1,0 +1,341 @@
+"""Where a class is graded: Dask distributed workers, each a trusted grader that walls off every submission.
+
+``labkit grade FOLDER --jobs N`` starts a local cluster (N single-threaded worker processes on this machine, TLS
+with certificates made for the run); ``--scheduler tls://host:8786`` uses a running one (SLURM through
+dask-jobqueue, Kubernetes through dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Either way:
+
+- every worker gets :class:`GraderPlugin` before it takes work. It checks that its labkit (version and code), its
+  torch and its model cache are the client's, prepares the model cache once per machine (under a file lock, so
+  workers sharing a disk never race), that it can wall off submissions (bubblewrap), and that it holds the
+  client's secret. A worker that fails any check says why (an event the client prints) and leaves the cluster;
+  nothing is graded without the wall unless the instructor said ``--no-isolation``.
+- the secret travels once per worker, inside the plugin, and only over TLS; over plain TCP (allowed on loopback,
+  elsewhere only when told in so many words) each worker reads it from its own file and only a hash of it
+  travels. Task arguments carry the notebook's bytes, its file name and the limits, never the secret.
+- a worker that dies mid-submission has the submission run elsewhere, at most ``ALLOWED_FAILURES`` more times
+  (the scheduler's ``allowed-failures``), then Dask's ``KilledWorker`` becomes that learner's row note. A learner's
+  own timeout, memory limit or crash is a grade the sandbox decided, returned once and never retried; the nanny's
+  memory limit is off for the local cluster (the sandbox bounds the notebook, which the nanny cannot see).
+
+Dask keeps no state across a scheduler restart and drops a disconnected client's tasks: resuming is
+:mod:`labkit.instructor.results`' job.
+
+Layer 5 (instructor tools).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import ipaddress
+import json
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from distributed import Client, LocalCluster, Reschedule, Security, get_worker, wait
+from distributed.diagnostics.plugin import WorkerPlugin
+
+PLUGIN = "labkit-grader"
+REFUSED = "labkit-refused"
+STARTED = "labkit-started"
+ALLOWED_FAILURES = 3  # a submission whose worker dies 4 times is reported, not retried for ever
+GRADER_MEMORY_BYTES = 2 * 2**30  # what the grader process itself needs (the model for the judge, the libraries)
+
+
+class NoUsableWorkers(RuntimeError):
+    """Every worker of the cluster refused to grade (each one's reason is in the message)."""
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a scheduler address stays on this machine.
+
+    >>> is_loopback("tcp://127.0.0.1:8786"), is_loopback("tls://localhost:8786"), is_loopback("tcp://10.0.0.5:8786")
+    (True, True, False)
+    """
+    host = urllib.parse.urlsplit(address if "://" in address else f"tcp://{address}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_scheduler(address: str, *, insecure_plain_tcp: bool = False) -> str:
+    """The address's protocol (``tls`` or ``tcp``); a plain-TCP address off this machine is refused unless told."""
+    scheme = address.split("://", 1)[0] if "://" in address else "tcp"
+    if scheme not in ("tcp", "tls"):
+        raise ValueError(f"scheduler must be a tcp:// or tls:// address, got {address!r}")
+    if scheme == "tcp" and not is_loopback(address) and not insecure_plain_tcp:
+        raise ValueError(
+            f"scheduler {address!r} is plain TCP off this machine: anyone who reaches it can run code on every "
+            "worker. Use tls:// with certificates (--tls-ca-file, --tls-cert, --tls-key), or say "
+            "--insecure-plain-tcp")
+    return scheme
+
+
+def prepare_model_cache() -> str:
+    """Build the embedded model's cache if it is missing or broken (one process per machine at a time, under a
+    file lock), then return a hash of its manifest's files: the same weights give the same hash."""
+    import fcntl
+
+    from labkit.runtime.models import gguf_path, load_model
+    from labkit.runtime.sources import EMBEDDED, known_models
+    from labkit.runtime.weights_cache import MANIFEST, cache_dir, cache_problem, expected_header
+
+    source = known_models()[EMBEDDED]
+    directory = cache_dir(source)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / ".labkit-prepare.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if cache_problem(directory, expected_header(source, gguf_path(source))):
+            load_model(progress=False)
+        files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def machine_identity() -> dict[str, str]:
+    """What every worker must share with the client: labkit's version and code, torch's version, the model cache."""
+    import torch
+
+    import labkit
+    from labkit.instructor.results import code_identity
+
+    return {"labkit": labkit.__version__, "labkit code": code_identity(), "torch": torch.__version__,
+            "model cache": prepare_model_cache()}
+
+
+class GraderPlugin(WorkerPlugin):
+    """Makes a worker a grader, or has it refuse (the reason goes to the client as a ``labkit-refused`` event)."""
+
+    idempotent = False
+
+    def __init__(self, expected: dict[str, str], isolate: bool, secret_id: str, *, secret: bytes | None = None,
+                 secret_file: str | None = None) -> None:
+        self.expected, self.isolate, self.secret_id = expected, isolate, secret_id
+        self.secret, self.secret_file = secret, secret_file
+        self.problem: str | None = "not set up yet"
+
+    async def setup(self, worker: Any) -> None:
+        try:
+            self.problem = await asyncio.get_running_loop().run_in_executor(None, self._check, worker)
+        except Exception as error:  # noqa: BLE001 - any failure of the checks is a refusal with its reason
+            self.problem = f"its checks failed: {type(error).__name__}: {error}"
+        if self.problem:
+            worker.log_event(REFUSED, {"worker": worker.address, "problem": self.problem})
+            # Leave the cluster (the nanny too, so it is not restarted), after the client had time to ask why.
+            asyncio.get_running_loop().call_later(
+                2, lambda: asyncio.ensure_future(worker.close(nanny=True, reason=f"labkit: {self.problem}")))
+
+    def _check(self, worker: Any) -> str | None:
+        import labkit
+        from labkit.instructor.results import code_identity, secret_identity
+
+        if labkit.__version__ != self.expected["labkit"]:
+            return f"labkit {labkit.__version__} here, {self.expected['labkit']} on the client"
+        if code_identity() != self.expected["labkit code"]:
+            return (f"labkit's code here (hash {code_identity()}) differs from the client's "
+                    f"({self.expected['labkit code']}): the same version, other files")
+        import torch
+
+        if torch.__version__ != self.expected["torch"]:
+            return f"torch {torch.__version__} here, {self.expected['torch']} on the client"
+        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        if limit and limit < GRADER_MEMORY_BYTES:
+            return (f"its memory limit ({limit / 2**30:.1f} GiB) leaves the grader process no room (it needs about "
+                    f"{GRADER_MEMORY_BYTES // 2**30} GiB; start workers with --memory-limit 0: the wall bounds "
+                    "each notebook)")
+        if self.isolate:
+            from labkit.instructor.sandbox import isolation_problem
+
+            problem = isolation_problem()
+            if problem:
+                return f"it cannot wall off submissions: {problem}"
+        if self.secret is None:
+            from labkit.instructor.judging import grading_secret
+
+            try:
+                self.secret = grading_secret(Path(self.secret_file))
+            except (OSError, ValueError) as error:
+                return f"it cannot read the secret file {self.secret_file}: {error}"
+        if secret_identity(self.secret) != self.secret_id:
+            return f"its secret file {self.secret_file} does not hold the client's secret"
+        cache = prepare_model_cache()
+        if cache != self.expected["model cache"]:
+            return f"its model cache (hash {cache}) differs from the client's ({self.expected['model cache']})"
+        return None
+
+
+def _plugin() -> GraderPlugin | None:
+    return get_worker().plugins.get(PLUGIN)
+
+
+def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate: bool,
+               grader: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Runs on a worker: one submission (its file name and bytes) graded, walled off. ``{"report": ...}``, or
+    ``{"error": ...}`` when the grader itself failed (not stored: the next run tries again)."""
+    plugin = _plugin()
+    if plugin is None or plugin.problem:
+        raise Reschedule()  # a worker that refused (and is leaving) takes no submission
+    worker = get_worker()
+    worker.log_event(STARTED, {"key": worker.get_current_task(), "worker": worker.address})
+    if grader is None:
+        from labkit.instructor.grading import grade_notebook as grader
+    with tempfile.TemporaryDirectory(prefix="labkit-submission-") as scratch:
+        path = Path(scratch) / name
+        path.write_bytes(data)
+        try:
+            return {"report": grader(path, cell_timeout_s, limits, secret=plugin.secret, isolate=isolate)}
+        except Exception as error:  # noqa: BLE001 - the grader's failure is this submission's note
+            return {"error": f"could not be graded: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
+
+
+def _stop_sandboxes() -> int:
+    from labkit.instructor.sandbox import stop_all
+
+    stop_all()
+    return 0
+
+
+@contextlib.contextmanager
+def open_client(jobs: int, scheduler: str | None = None, *, security: Security | None = None,
+                insecure_plain_tcp: bool = False, dashboard: bool = True) -> Iterator[tuple[Client, bool]]:
+    """A client of a local cluster of ``jobs`` single-threaded worker processes (TLS on loopback with certificates
+    made for this run, the nanny's memory limit off), or of the running scheduler at ``scheduler``.
+    Yields (client, whether the connection is encrypted)."""
+    import logging
+
+    import dask
+
+    if scheduler is None:
+        with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+            cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, memory_limit=0,
+                                   security=Security.temporary(), protocol="tls://", host="127.0.0.1",
+                                   dashboard_address="127.0.0.1:0" if dashboard else None,
+                                   silence_logs=logging.ERROR)
+        try:
+            with Client(cluster) as client:
+                yield client, True
+        finally:
+            cluster.close(timeout=30)
+        return
+    scheme = check_scheduler(scheduler, insecure_plain_tcp=insecure_plain_tcp)
+    with Client(scheduler, security=security, timeout=30) as client:
+        yield client, scheme == "tls"
+
+
+class ClassRun:
+    """The submissions of one run on one client: a bounded number in flight, each result handed over as it comes.
+
+    :meth:`run` takes (key, file name, load) triples, where ``load()`` returns the bytes to ship (read when the
+    submission is sent, so a class never sits in memory whole), and calls ``on_done(key, outcome)`` once per key:
+    ``{"report": ...}``, or ``{"error": ...}`` (the grader failed, its worker kept dying, or it held its worker past
+    ``deadline_s``; nothing of these is stored, so the next run tries again).
+    """
+
+    def __init__(self, client: Client, options: dict[str, Any], *, deadline_s: float,
+                 say: Callable[[str], None] = print) -> None:
+        self.client, self.options, self.deadline_s, self.say = client, options, deadline_s, say
+        self.started: dict[str, tuple[float, str]] = {}  # task key -> (when it last started, on which worker)
+        self.attempts: dict[str, int] = {}
+        self.refused: dict[str, str] = {}
+        client.subscribe_topic(STARTED, self._on_started)
+        client.subscribe_topic(REFUSED, self._on_refused)
+
+    def _on_started(self, event: tuple[float, dict[str, Any]]) -> None:
+        message = event[1]
+        self.attempts[message["key"]] = self.attempts.get(message["key"], 0) + 1
+        self.started[message["key"]] = (time.monotonic(), message["worker"])
+
+    def _on_refused(self, event: tuple[float, dict[str, Any]]) -> None:
+        message = event[1]
+        if message["worker"] not in self.refused:
+            self.refused[message["worker"]] = message["problem"]
+            self.say(f"worker {message['worker']} refused to grade: {message['problem']}")
+
+    @property
+    def retries(self) -> int:
+        """How many times a submission was started again after its worker died."""
+        return sum(count - 1 for count in self.attempts.values())
+
+    def usable_workers(self, timeout_s: float = 120) -> int:
+        """Wait for a worker to be ready; the number of workers that did not refuse (NoUsableWorkers if none)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = self.client.run(_plugin_problem, on_error="return")
+            problems = {worker: state for worker, state in states.items() if isinstance(state, str)}
+            for worker, problem in problems.items():
+                self._on_refused((0.0, {"worker": worker, "problem": problem}))
+            ready = [worker for worker, state in states.items() if state is None]
+            if ready:
+                return len(ready)
+            if time.monotonic() > deadline or (states and len(problems) == len(states)):
+                reasons = "; ".join(f"{w}: {p}" for w, p in self.refused.items()) or "no worker joined"
+                raise NoUsableWorkers(f"no worker of the cluster can grade: {reasons}")
+            time.sleep(1)
+
+    def run(self, todo: list[tuple[str, str, Callable[[], bytes]]], on_done: Callable[[str, dict[str, Any]], None],
+            window: int, tick: Callable[[], None] = lambda: None) -> None:
+        pending = iter(todo)
+        futures: dict[Any, str] = {}
+
+        def submit_next() -> None:
+            for key, name, load in pending:
+                try:
+                    data = load()
+                except Exception as error:  # noqa: BLE001 - a file that changed or vanished is its own note
+                    on_done(key, {"error": f"could not be graded: {type(error).__name__}: {error}"})
+                    continue
+                futures[self.client.submit(grade_task, name, data, pure=False, key=f"labkit-grade-{key}",
+                                           **self.options)] = key
+                return
+
+        for _ in range(window):
+            submit_next()
+        while futures:
+            try:
+                done, _ = wait(list(futures), timeout=2, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = set()
+            for future in done:
+                key = futures.pop(future)
+                on_done(key, _outcome(future))
+                submit_next()
+            for future, key in list(futures.items()):
+                started = self.started.get(future.key)
+                if started and time.monotonic() - started[0] > self.deadline_s:
+                    futures.pop(future)
+                    future.cancel()
+                    with contextlib.suppress(Exception):  # frees the slot where the worker has a nanny
+                        self.client.restart_workers([started[1]], raise_for_error=False)
+                    on_done(key, {"error": f"could not be graded: it held its worker longer than "
+                                           f"{self.deadline_s:.0f} s"})
+                    submit_next()
+            tick()
+
+    def stop(self) -> None:
+        """The instructor stopped the run: every sandbox running on a worker is killed (running tasks cannot be
+        cancelled in Dask; their walls can)."""
+        with contextlib.suppress(Exception):
+            self.client.run(_stop_sandboxes, wait=True, on_error="ignore")
+
+
+def _plugin_problem(dask_worker: Any = None) -> str | None:
+    plugin = (dask_worker or get_worker()).plugins.get(PLUGIN)
+    return "labkit's grader plugin is not installed" if plugin is None else plugin.problem
+
+
+def _outcome(future: Any) -> dict[str, Any]:
+    from distributed import KilledWorker
+
+    try:
+        return future.result()
+    except KilledWorker as error:
+        return {"error": f"could not be graded: its worker died {error.allowed_failures + 1} times (a fault of the "
+                         "cluster, not of the submission; the next run tries again)"}
+    except Exception as error:  # noqa: BLE001 - the cluster's failure is this submission's note
+        return {"error": f"could not be graded: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
