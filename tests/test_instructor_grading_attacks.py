@@ -121,7 +121,7 @@ def _attacks(folder: Path, out: Path, marker: Path, port: int) -> dict[str, tupl
             "if os.fork() == 0:\n"
             "    os.setsid()\n"
             "    time.sleep(6)\n"
-            f"    for target in [{str(out / 'gradebook.csv')!r}, {str(out / 'alice.json')!r}, {str(marker)!r}]:\n"
+            f"    for target in [{str(out / 'gradebook.csv')!r}, {str(out / 'reports' / 'alice.json')!r}, {str(marker)!r}]:\n"
             "        try:\n            open(target, 'w').write('owned')\n"
             "        except OSError:\n            pass\n"
             "    os._exit(0)\n", *HONEST),
@@ -197,7 +197,7 @@ def graded(tmp_path_factory, embedded):
     reports = classroom.grade_class(folder, out, **options)
     seconds = time.monotonic() - started
     gradebook = (out / "gradebook.csv").read_bytes()
-    alice_json = (out / "alice.json").read_bytes()
+    alice_json = (out / "reports" / "alice.json").read_bytes()
     time.sleep(8)  # longer than the left-behind process waits before it writes
     try:
         connection = listener.accept()
@@ -252,7 +252,7 @@ def test_nothing_outside_a_submission_changes(graded):
         "RuntimeError: labkit is read-only: OSError"]
     # The process left behind is gone with its run: the gradebook, a classmate's report, the host untouched.
     assert (graded["out"] / "gradebook.csv").read_bytes() == graded["gradebook"]
-    assert (graded["out"] / "alice.json").read_bytes() == graded["alice_json"]
+    assert (graded["out"] / "reports" / "alice.json").read_bytes() == graded["alice_json"]
     assert not graded["marker"].exists()
     # Its own empty network: nothing listens on its loopback, and the host's listener was never reached.
     assert graded["connection"] is None
