@@ -30,7 +30,7 @@ def main() -> None:
     import torch
 
     from labkit.core import speedup as sp
-    from labkit.core.sampling import CLEAR_MARGIN
+    from labkit.core.distribution import CLEAR_MARGIN
     from labkit.runtime import drafters
     from labkit.runtime import speculative as rs
     from labkit.runtime.generation import greedy_margins

@@ -13,9 +13,10 @@ from transformers.generation.logits_process import (
 import labkit.core.sampling as sampling
 
 from labkit.core.course import lesson_logits
+from labkit.core.distribution import kept_count, kept_mass
 from labkit.core.sampling import (
-    TOP_P_TOLERANCE, apply_temperature, entropy_bits, filter_logits, kept_count, kept_mass, min_p_filter, sample,
-    sampling_logits, sampling_probs, softmax_with_temperature, top_k_filter, top_p_filter, top_p_filter_reference,
+    TOP_P_TOLERANCE, apply_temperature, filter_logits, min_p_filter, sample, sampling_logits, sampling_probs,
+    softmax_with_temperature, top_k_filter, top_p_filter, top_p_filter_reference,
 )
 
 # The lesson's four-token vocabulary A, B, C, D with logits log 8, log 4, log 2, log 1.
@@ -146,13 +147,6 @@ def test_filters_go_top_k_then_top_p_then_min_p():
     # top-k 3 renormalizes to (8, 4, 2)/14; top-p 0.85 then needs 12/14 < 0.85? no: 12/14 = 0.857 >= 0.85 -> A, B.
     assert kept(filter_logits(LESSON, top_k=3, top_p=0.85)) == [True, True, False, False]
     assert kept(top_p_filter(LESSON, 0.85)) == [True, True, True, False]  # on its own, 12/15 < 0.85
-
-
-def test_summaries():
-    assert kept_count(top_p_filter(LESSON, 0.75)).item() == 2
-    assert kept_mass(LESSON, top_p_filter(LESSON, 0.75)).item() == pytest.approx(0.8, abs=1e-12)
-    assert entropy_bits(torch.tensor([0.25] * 4)).item() == pytest.approx(2.0)
-    assert entropy_bits(sampling_probs(LESSON, temperature=0)).item() == 0.0
 
 
 # ----- validation -----

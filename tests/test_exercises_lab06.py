@@ -164,7 +164,7 @@ def test_the_loop_cases_match_generate_and_their_end_token(embedded):
 
 
 def test_every_loop_prompt_is_far_from_a_greedy_tie(embedded):
-    from labkit.core.sampling import CLEAR_MARGIN
+    from labkit.core.distribution import CLEAR_MARGIN
     from labkit.runtime.generation import greedy_margins
 
     for text in lab06.LOOP_PROMPTS + ("The tide", "The"):

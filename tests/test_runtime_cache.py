@@ -10,7 +10,7 @@ import torch
 
 from alignment import logits_atol, misaligned_cache
 from toys import random_token_ids
-from labkit.core.sampling import choice_margin
+from labkit.core.distribution import choice_margin
 from labkit.runtime import cache_bytes, cache_length, copy_cache, crop, decode_one_token, forward, prefill
 
 

@@ -14,7 +14,7 @@ import torch
 from alignment import logits_atol, misaligned_cache, misaligned_model
 from toys import Bigram, random_token_ids, shape_of
 from labkit import runtime
-from labkit.core.sampling import choice_margin
+from labkit.core.distribution import choice_margin
 from labkit.runtime import (
     Forward, StepInfo, cache_bytes, cache_length, crop, decode_one_token, forward, full_logits, model_copy, prefill,
     verify,

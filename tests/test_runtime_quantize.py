@@ -6,7 +6,7 @@ import torch
 from alignment import logits_atol, misaligned_model
 from labkit import runtime
 from labkit.core.quantization import fake_quantize
-from labkit.core.sampling import choice_margin
+from labkit.core.distribution import choice_margin
 from labkit.runtime.quantize import (ActivationScheme, QuantizedLinear, WeightScheme, decoder_linear_names,
                                      quantize_linear, quantized_model)
 

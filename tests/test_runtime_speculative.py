@@ -5,7 +5,7 @@ never a time.
 
 A verify pass scores a block of tokens at once, so its logits differ from plain greedy's in the last bits: the
 token-for-token comparisons are made only on outputs whose every step is far from a tie (every greedy margin
-above ``core.sampling.CLEAR_MARGIN``, ten times the largest cross-path logit difference the tests allow), which
+above ``core.distribution.CLEAR_MARGIN``, ten times the largest cross-path logit difference the tests allow), which
 the tests check first."""
 
 import pytest
@@ -13,7 +13,7 @@ import torch
 
 from labkit import runtime
 from labkit.core.lossless import STEP_VARIANTS, sample_first_tokens
-from labkit.core.sampling import CLEAR_MARGIN
+from labkit.core.distribution import CLEAR_MARGIN
 from labkit.core.speculative import acceptance_rate
 from labkit.runtime import drafters
 from labkit.runtime import speculative as rs

@@ -4,7 +4,7 @@ with a threshold (speed lives in benchmarks/timing.py)."""
 
 import pytest
 
-from labkit.core.sampling import CLEAR_MARGIN
+from labkit.core.distribution import CLEAR_MARGIN
 from labkit.runtime import sweeps
 from labkit.runtime.generation import greedy_margins
 

@@ -4,7 +4,7 @@ no test here compares a time with a threshold (speed lives in benchmarks/timing.
 import pytest
 import torch
 
-from labkit.core.sampling import CLEAR_MARGIN
+from labkit.core.distribution import CLEAR_MARGIN
 from labkit.core.timing import request_metrics
 from labkit.runtime import timing as rt
 from labkit.runtime.generation import generate, greedy_margins

@@ -14,8 +14,9 @@ import torch
 from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
+from labkit.core.distribution import kept_count
 from labkit.core.sampling import (
-    TOP_P_TOLERANCE, apply_temperature, kept_count, sampling_logits, sampling_probs, softmax_with_temperature,
+    TOP_P_TOLERANCE, apply_temperature, sampling_logits, sampling_probs, softmax_with_temperature,
     top_k_filter, top_p_filter, top_p_filter_reference,
 )
 

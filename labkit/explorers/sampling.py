@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from labkit.core.sampling import apply_temperature, entropy_bits, kept_count, kept_mass, sampling_logits
+from labkit.core.distribution import entropy_bits, kept_count, kept_mass
+from labkit.core.sampling import apply_temperature, sampling_logits
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.runtime.generation import draw_continuations

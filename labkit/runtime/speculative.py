@@ -15,7 +15,7 @@ Greedy output equals plain greedy decoding token for token whatever the drafter 
 tokens one pass yields), with one caveat, measured rather than assumed: the target scores a block of k + 1 tokens in
 one pass, and a block's float reductions round differently from k + 1 single-token passes, so a step whose best two
 logits are nearly tied could flip. The tests and lab 07 compare with plain greedy only on outputs whose every step
-is far from a tie (``runtime.generation.greedy_margins`` above ``core.sampling.CLEAR_MARGIN``).
+is far from a tie (``runtime.generation.greedy_margins`` above ``core.distribution.CLEAR_MARGIN``).
 
 Left out: batches (rows would accept different numbers of drafts), tree drafts, a separate draft model (the
 ``Drafter`` interface admits one). The sampling step's first tokens on fixed rows are core arithmetic
