@@ -91,6 +91,17 @@ def test_block_intervals_cover_the_truth_about_as_often_as_they_say():
     assert 0.85 <= covered / 120 <= 1.0  # nominal 0.95; a block bootstrap undercovers slightly
 
 
+def test_too_few_blocks_are_refused_because_they_understate_the_spread():
+    # Two blocks of 64 among 128 i.i.d. values: the resampled means spread far less than the standard error says.
+    rng = np.random.default_rng(9)
+    diff = rng.standard_normal(128)
+    with pytest.raises(ValueError, match="10 blocks or more"):
+        paired_bootstrap(np.zeros(128), diff, mean_difference, block_size=64)
+    allowed = paired_bootstrap(np.zeros(128), diff, mean_difference, block_size=12)  # 11 blocks
+    half_width = (allowed.high - allowed.low) / 2
+    assert half_width == pytest.approx(1.96 * diff.std(ddof=1) / math.sqrt(128), rel=0.3)
+
+
 def test_ratio_of_medians_and_its_null():
     rng = np.random.default_rng(6)
     slow, fast = 2.0 + 0.1 * rng.random(15), 1.0 + 0.1 * rng.random(15)
@@ -120,10 +131,10 @@ def test_chunked_resampling_gives_the_same_draws(monkeypatch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(-5, 5), min_size=2, max_size=60), st.integers(1, 8), st.floats(0.5, 0.99))
+@given(st.lists(st.floats(-5, 5), min_size=10, max_size=80), st.integers(1, 8), st.floats(0.5, 0.99))
 def test_interval_brackets_a_mean_difference_and_narrows_with_confidence(diff, block_size, confidence):
     diff = np.array(diff)
-    block_size = min(block_size, diff.size)
+    block_size = min(block_size, diff.size // 10)
     wide = paired_bootstrap(np.zeros(diff.size), diff, mean_difference, block_size=block_size, confidence=confidence,
                             n_resamples=200)
     narrow = paired_bootstrap(np.zeros(diff.size), diff, mean_difference, block_size=block_size,
@@ -132,26 +143,28 @@ def test_interval_brackets_a_mean_difference_and_narrows_with_confidence(diff, b
     assert wide.low <= narrow.low + 1e-12 and narrow.high <= wide.high + 1e-12
 
 
-ONE_TWO = [1.0, 2.0]
+TEN = [float(i) for i in range(10)]
 
 
 @pytest.mark.parametrize("call,error,words", [
-    (lambda: delta_ppl_interval([1.0, 2.0], [1.0, 2.0, 3.0], block_size=1), ValueError,
-     "scheme must be as many items as baseline (2"),
-    (lambda: delta_ppl_interval([1.0, float("nan")], [1.0, 2.0]), ValueError, "baseline must be a 1-D sequence"),
+    (lambda: delta_ppl_interval(TEN, TEN + [1.0], block_size=1), ValueError,
+     "scheme must be as many items as baseline (10"),
+    (lambda: delta_ppl_interval(TEN[:-1] + [float("nan")], TEN, block_size=1), ValueError,
+     "baseline must be a 1-D sequence of at least 10 finite numbers"),
+    (lambda: delta_ppl_interval(TEN[:9], TEN[:9], block_size=1), ValueError, "at least 10 finite numbers"),
     (lambda: delta_ppl_interval("ab", "cd"), TypeError, "baseline must be a 1-D sequence"),
     (lambda: delta_ppl_interval(np.zeros((2, 2)), np.zeros((2, 2))), ValueError, "baseline must be a 1-D"),
-    (lambda: delta_ppl_interval(ONE_TWO, ONE_TWO, block_size=3), ValueError,
-     "block_size must be an int in [1, 2]"),
-    (lambda: delta_ppl_interval(ONE_TWO, ONE_TWO, block_size=1, confidence=1.0), ValueError,
+    (lambda: delta_ppl_interval(TEN * 3, TEN * 3), ValueError,
+     "block_size must be an int in [1, 3] (10 blocks or more of the 30 items), got 16"),
+    (lambda: delta_ppl_interval(TEN, TEN, block_size=1, confidence=1.0), ValueError,
      "confidence must be a real number in (0, 1)"),
-    (lambda: delta_ppl_interval(ONE_TWO, ONE_TWO, block_size=1, n_resamples=10), ValueError,
+    (lambda: delta_ppl_interval(TEN, TEN, block_size=1, n_resamples=10), ValueError,
      "n_resamples must be an int >= 100"),
-    (lambda: delta_ppl_interval(ONE_TWO, ONE_TWO, block_size=1, seed=1.5), TypeError, "seed must be an int >= 0"),
+    (lambda: delta_ppl_interval(TEN, TEN, block_size=1, seed=1.5), TypeError, "seed must be an int >= 0"),
     (lambda: ratio_of_medians_interval([1.0, 2.0, 0.0], [1.0, 1.0, 1.0]), ValueError, "numerator must be positive"),
     (lambda: ratio_of_medians_interval([1.0, 2.0], [1.0, 1.0, 1.0]), ValueError, "at least 3 finite numbers"),
-    (lambda: paired_bootstrap([1.0, 2.0], [1.0, 2.0], "mean"), TypeError, "statistic must be a function"),
-    (lambda: paired_bootstrap([1.0, 2.0], [1.0, 2.0], lambda b, s: s - b), ValueError, "returning one number"),
+    (lambda: paired_bootstrap(TEN, TEN, "mean"), TypeError, "statistic must be a function"),
+    (lambda: paired_bootstrap(TEN, TEN, lambda b, s: s - b), ValueError, "returning one number"),
     (lambda: comparison_word((0.0, 1.0)), TypeError, "interval must be a labkit.core.uncertainty.Interval"),
 ])
 def test_bad_input_names_the_argument(call, error, words):

@@ -20,8 +20,11 @@ so the prose a lab prints follows its interval.
 Why numpy and not ``scipy.stats.bootstrap``: scipy resamples single observations (``paired=True`` keeps pairs but not
 blocks of neighbours), and a block bootstrap is a few lines here; scipy is not otherwise a dependency of labkit.
 Left out: bias-corrected (BCa) and studentized intervals, and the choice of block length from the data (the caller
-states ``block_size``; :func:`delta_ppl_interval` defaults to 64 tokens, longer than the span over which a
-token's loss difference is correlated with its neighbours' on the course's texts).
+states ``block_size``). :func:`delta_ppl_interval` defaults to 16 tokens: on the course's evaluation text the
+per-token NLL differences between the embedded model and its quantized copies (lab 04) correlate at most 0.11 with
+the next token's and near 0 beyond two tokens. A resample needs at least 10 blocks: with fewer, the blocks'
+spread says little about the statistic's (two blocks of 64 among 128 tokens give an interval narrower than
+one-at-a-time resampling).
 """
 
 from __future__ import annotations
@@ -121,17 +124,18 @@ def paired_bootstrap(baseline: Any, scheme: Any, statistic: Callable[[np.ndarray
 
     ``baseline`` and ``scheme``: [n_items], item i measured under both. ``statistic(b, s)`` receives arrays of shape
     [..., n] and reduces over the last axis (``lambda b, s: s.mean(-1) - b.mean(-1)``). Each resample draws
-    ceil(n / block_size) blocks of ``block_size`` consecutive items (circularly) with the same indices for both.
+    ceil(n / block_size) blocks of ``block_size`` consecutive items (circularly) with the same indices for both;
+    ``block_size`` may be at most n / 10 (10 blocks or more).
 
     >>> base, scheme = np.zeros(200), np.ones(200)  # every pair differs by exactly 1
     >>> paired_bootstrap(base, scheme, lambda b, s: s.mean(-1) - b.mean(-1), block_size=10)
     Interval(estimate=1.0, low=1.0, high=1.0, confidence=0.95)
     """
-    baseline, scheme = _values("baseline", baseline, 2), _values("scheme", scheme, 2)
+    baseline, scheme = _values("baseline", baseline, 10), _values("scheme", scheme, 10)
     if scheme.size != baseline.size:
         raise fail(ValueError, "scheme", f"as many items as baseline ({baseline.size}, paired)", scheme)
     n = baseline.size
-    block_size = integer("block_size", block_size, min=1, max=n)
+    block_size = integer("block_size", block_size, min=1, max=n // 10, note=f"10 blocks or more of the {n} items")
     confidence, n_resamples, rng = _settings(confidence, n_resamples, seed)
     estimate = _statistic(statistic, baseline, scheme)
     if estimate.shape != ():
@@ -147,14 +151,14 @@ def paired_bootstrap(baseline: Any, scheme: Any, statistic: Callable[[np.ndarray
     return _interval(estimate, np.concatenate(resampled), confidence)
 
 
-def delta_ppl_interval(baseline_nll: Any, scheme_nll: Any, *, block_size: int = 64, confidence: float = 0.95,
+def delta_ppl_interval(baseline_nll: Any, scheme_nll: Any, *, block_size: int = 16, confidence: float = 0.95,
                        n_resamples: int = 2000, seed: int = 0) -> Interval:
     """ΔPPL in percent, 100 (PPL_scheme / PPL_baseline - 1), with a paired block-bootstrap interval.
 
     ``baseline_nll``, ``scheme_nll``: [n_tokens], the negative log-likelihood (nats) of each token of the same text
     under the baseline and the scheme. PPL = exp(mean NLL), so the ratio is exp(mean(scheme - baseline)).
 
-    >>> nll = np.full(128, 3.0)
+    >>> nll = np.full(160, 3.0)
     >>> delta_ppl_interval(nll, nll + np.log(1.5)).format(".1f", " %")
     '50.0 % (95% interval 50.0 % to 50.0 %)'
     """

@@ -164,16 +164,90 @@ TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
 
 @functools.lru_cache(maxsize=1)
 def eval_text_scores():
-    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per process.
+    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per machine.
 
     ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them.
+    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them. The scores are
+    kept in labkit's cache folder (``scores/``), keyed by everything they depend on (:func:`_scores_key`), so the
+    notebook's two copies, its checker and the tests read one scoring instead of each running the nine passes
+    and their statistics again; any change to the model's cache, the code, the versions or the settings scores
+    afresh.
     """
     from labkit.core.texts import load_eval_text, tokenize_sections
     from labkit.runtime.models import load_model
 
     lm = load_model(progress=False)
     corpus = tokenize_sections(lm.tokenizer, load_eval_text())
-    scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-                        truncations=TRUNCATIONS, progress=False)
+    path = _scores_path(lm, corpus.token_ids)
+    scores = _load_scores(path, corpus.token_ids)
+    if scores is None:
+        scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
+                            truncations=TRUNCATIONS, progress=False)
+        _save_scores(path, scores)
     return corpus, scores
+
+
+# The files whose code decides the numbers: the passes, the statistics, the filters, the window rule.
+_SCORING_CODE = ("labkit.runtime.scoring", "labkit.runtime.forward", "labkit.core.loss", "labkit.core.sampling")
+
+
+def _scores_key(lm: Any, token_ids: torch.Tensor) -> str | None:
+    """A digest of what eval_text_scores' numbers depend on: the embedded model's verified cache (its manifest
+    of checksums), the scoring code, the torch and transformers versions, the settings and the token ids. None
+    where the model has no such cache (a hub model): then nothing is kept."""
+    import hashlib
+    import importlib
+    from pathlib import Path
+
+    import transformers
+
+    from labkit.runtime.weights_cache import MANIFEST, cache_dir
+
+    manifest = cache_dir(lm.source) / MANIFEST if getattr(lm, "origin", "") in ("cache", "converted") else None
+    if manifest is None or not manifest.is_file():
+        return None
+    digest = hashlib.sha256(manifest.read_bytes())
+    for name in _SCORING_CODE:
+        digest.update(Path(importlib.import_module(name).__file__).read_bytes())
+    settings = (WINDOW, STRIDE, TEMPERATURES, sorted(TRUNCATIONS.items()), torch.__version__, transformers.__version__)
+    digest.update(repr(settings).encode())
+    digest.update(token_ids.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _scores_path(lm: Any, token_ids: torch.Tensor):
+    from labkit.core.resources import cache_root
+
+    key = _scores_key(lm, token_ids)
+    return None if key is None else cache_root() / "scores" / f"eval_text-{key[:32]}.pt"
+
+
+def _load_scores(path: Any, token_ids: torch.Tensor) -> TextScore | None:
+    """The kept scores, or None when there are none or they do not read back whole (then they are scored again)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        fields = torch.load(path, weights_only=True)  # tensors, numbers, strings and dicts only
+        scores = TextScore(**fields)
+    except Exception:  # noqa: BLE001 - a damaged or foreign file is ignored and replaced
+        return None
+    return scores if torch.equal(scores.token_ids, token_ids) else None
+
+
+def _save_scores(path: Any, scores: TextScore) -> None:
+    """Keep the scores for the next process: written to a temporary name, then renamed (a reader never sees half a
+    file); a folder that cannot be written keeps nothing."""
+    import dataclasses
+    import os
+    import tempfile
+
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(handle, "wb") as file:
+            torch.save({f.name: getattr(scores, f.name) for f in dataclasses.fields(scores)}, file)
+        os.replace(temporary, path)
+    except OSError:
+        return
