@@ -39,7 +39,14 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
     **dict.fromkeys(["fork", "forkpty", "kill", "killpg", "getppid", "setsid", "system", "popen", "subprocess",
                      "multiprocessing", "socket", "ctypes", "SIG_IGN", "_thread", "threading"],
                     "processes, signals, threads or the network"),
+    **dict.fromkeys(["ThreadPoolExecutor", "ProcessPoolExecutor", "InterpreterPoolExecutor", "Executor", "ThreadPool",
+                     "Pool", "concurrent", "run_in_executor", "to_thread"],
+                    "an executor or pool (runs code on another thread or process, out of the watcher's sight)"),
+    **dict.fromkeys(["__dict__", "vars"], "reaches a module's or object's attributes by name"),
 }
+_LAB_NAMES = {"02": {"nll_loss": "torch's nll_loss: the second half of F.cross_entropy, which the exercise forbids"}}
+MAX_CELL_BYTES = 200_000  # a cell larger than this is not read (the review's cost stays bounded); the note says so
+MAX_NOTEBOOK_BYTES = 2_000_000  # nor anything past this much code in all
 _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker",
                     "labkit.exercises.calling": "reaches into labkit's checker",
                     "labkit.exercises.definitions": "reaches into labkit's checker",
@@ -48,28 +55,65 @@ _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker"
                     "labkit.instructor": "reaches into labkit's grader", "nbformat": "reads notebooks",
                     "torch._": "a private torch name (a lower-level route to a function)",
                     "torch.ops": "a private torch name (a lower-level route to a function)"}
-_STRINGS = {"solutions": "names the solution notebooks", ".ipynb": "names a notebook file"}
+_STRINGS = {"solutions": "names the solution notebooks", ".ipynb": "names a notebook file",
+            "/job": "names the grader's folder inside the wall (where the grader's own files were)"}
 
 
 def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
-    """What in the notebook's code cells deserves the instructor's look: ``{"cell", "line", "what"}`` each."""
+    """What in the notebook's code cells deserves the instructor's look: ``{"cell", "line", "what"}`` each.
+
+    Names follow the data: an import anywhere in the notebook (a course cell's too, as lab 01's ``sampling``)
+    names what its alias stands for in every cell. A cell over :data:`MAX_CELL_BYTES` (or past
+    :data:`MAX_NOTEBOOK_BYTES` of code in all) is not read, and the finding says so.
+    """
     references = _reference_names(lab)
     course = _course_cells(lab)
     found: list[dict[str, Any]] = []
+    trees: list[tuple[int, Any, bool]] = []
+    read = 0
     for index, cell in enumerate(notebook.cells):
-        if cell.cell_type != "code" or cell.source.strip() in course:
+        if cell.cell_type != "code":
             continue
+        source = cell.source if isinstance(cell.source, str) else ""
+        if len(source) > MAX_CELL_BYTES or read + len(source) > MAX_NOTEBOOK_BYTES:
+            found.append({"cell": index, "line": 1, "what": f"a cell of {len(source):,} characters: not reviewed "
+                          f"(the review reads cells up to {MAX_CELL_BYTES:,} and {MAX_NOTEBOOK_BYTES:,} in all)"})
+            continue
+        read += len(source)
         try:
-            tree = ast.parse(_python_of(cell.source))
+            tree = ast.parse(_python_of(source))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
-            found.append({"cell": index, "line": 1, "what": "code that does not parse as Python"})
+            if source.strip() not in course:
+                found.append({"cell": index, "line": 1, "what": "code that does not parse as Python"})
+            continue
+        trees.append((index, tree, source.strip() in course))
+    imported: dict[str, str] = {}
+    for _, tree, _ in trees:
+        imported.update(_imports(tree))
+    extra = _LAB_NAMES.get(str(lab), {})
+    for index, tree, is_course in trees:
+        if is_course:
             continue
         seen: set[tuple[int, str]] = set()
-        for line, what in _findings(tree, references):
+        for line, what in _findings(tree, references, imported, extra):
             if (line, what) not in seen:
                 seen.add((line, what))
                 found.append({"cell": index, "line": line, "what": what})
     return found
+
+
+def _imports(tree: ast.AST) -> dict[str, str]:
+    """local name -> what it stands for: ``import a.b as c`` -> c: a.b; ``from a import b as c`` -> c: a.b."""
+    imported: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                imported[(alias.asname or alias.name).split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return imported
 
 
 def summary_text(findings: list[dict[str, Any]], limit: int = 6) -> str:
@@ -114,14 +158,14 @@ def _reference_names(lab: str) -> set[str]:
         chosen = exercises(lab)
     except Exception:  # noqa: BLE001 - an unknown lab has no references to look for
         return set()
-    names = set()
+    names, allowed = set(), set()
     for exercise in chosen:
+        allowed |= {getattr(item, "__name__", None) for item in exercise.allowed}
         if exercise.kind == "code":
-            allowed = {getattr(item, "__name__", None) for item in exercise.allowed}
             name = getattr(exercise.reference, "__name__", None)
-            if name and name not in allowed and getattr(exercise.reference, "__module__", "").startswith("labkit"):
+            if name and getattr(exercise.reference, "__module__", "").startswith("labkit"):
                 names.add(name)
-    return names
+    return names - allowed  # a helper another exercise of the lab may call is no one's giveaway
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -134,13 +178,8 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def _findings(tree: ast.AST, references: set[str]):
-    imported: dict[str, str] = {}  # local name -> module path it came from
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                imported[(alias.asname or alias.name).split(".")[0]] = alias.name.split(".")[0] if not alias.asname \
-                    else alias.name
+def _findings(tree: ast.AST, references: set[str], imported: dict[str, str], extra: dict[str, str]):
+    names = {**_NAMES, **extra}
     for node in ast.walk(tree):
         line = getattr(node, "lineno", 1)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -152,20 +191,21 @@ def _findings(tree: ast.AST, references: set[str]):
                         yield line, f"imports {full}: {what}"
                 if module and module.startswith("labkit") and alias.name in references:
                     yield line, f"imports {full}: labkit's reference answer to an exercise of this lab"
-                if alias.name in _NAMES or (module or "").split(".")[-1] in _NAMES:
-                    yield line, f"imports {full}: {_NAMES.get(alias.name) or _NAMES[(module or '').split('.')[-1]]}"
+                if alias.name in names or (module or "").split(".")[-1] in names:
+                    yield line, f"imports {full}: {names.get(alias.name) or names[(module or '').split('.')[-1]]}"
         elif isinstance(node, (ast.Name, ast.Attribute)):
             identifier = node.id if isinstance(node, ast.Name) else node.attr
             dotted = _dotted(node) or identifier
-            if identifier in _NAMES:
-                yield line, f"{dotted}: {_NAMES[identifier]}"
+            if identifier in names:
+                yield line, f"{dotted}: {names[identifier]}"
             root = dotted.split(".")[0]
             full = ".".join([imported.get(root, root), *dotted.split(".")[1:]])
-            if isinstance(node, ast.Attribute) and full.startswith(("torch._", "torch.ops")) and \
-                    not full.startswith("torch.__"):
+            if full.startswith(("torch._", "torch.ops")) and not full.startswith("torch.__") and "." in full:
                 yield line, f"{dotted}: {_MODULE_PREFIXES['torch._']}"
-            if isinstance(node, ast.Attribute) and full.startswith("labkit") and identifier in references:
+            if full.startswith("labkit") and full.rsplit(".", 1)[-1] in references and full.count("."):
                 yield line, f"{dotted}: labkit's reference answer to an exercise of this lab"
+            elif isinstance(node, ast.Attribute) and identifier in references:
+                yield line, f"{dotted}: labkit's reference answer to an exercise of this lab (by its name)"
             if isinstance(node, ast.Attribute) and isinstance(getattr(node, "ctx", None), ast.Store) and \
                     root in imported:
                 yield line, f"{dotted} = ...: replaces a library's function or value"
@@ -173,16 +213,20 @@ def _findings(tree: ast.AST, references: set[str]):
             for needle, what in _STRINGS.items():
                 if needle in node.value:
                     yield line, f"the string {node.value[:40]!r}: {what}"
-            for word in _NAMES:
+            for word in names:
                 if word in node.value and len(word) > 4 and word.strip("_") == word.strip("_"):
                     if word in node.value.replace(" ", "") and _spelled(node.value, word):
-                        yield line, f"the string {node.value[:40]!r} spells {word}: {_NAMES[word]}"
+                        yield line, f"the string {node.value[:40]!r} spells {word}: {names[word]}"
         elif isinstance(node, ast.ClassDef) and any(_dotted(base) in ("torch.Tensor", "Tensor") for base in node.bases):
             yield line, f"class {node.name}(torch.Tensor): a tensor type whose comparisons can lie"
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in _NAMES:
-            yield line, f"defines {node.name}: {_NAMES[node.name]}"
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
-            yield line, "setattr(...): replaces an attribute by name"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+            yield line, f"defines {node.name}: {names[node.name]}"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id == "setattr":
+                yield line, "setattr(...): replaces an attribute by name"
+            if node.func.id in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2 and not (
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                yield line, f"{node.func.id} with a name built at run time: reaches any attribute, a switch-off too"
 
 
 def _spelled(text: str, word: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from labkit.core import validation
+from labkit.runtime.llama import decoder_for, run
 
 POSITIONS = ("last", "all")
 
@@ -162,6 +163,11 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
                 raise ValueError(f"{name} must have one row per sequence ({ids.shape[0]}), got shape "
                                  f"{tuple(tensor.shape)}")
             kwargs[name] = tensor.to(home)
+    decoder = decoder_for(lm, module, cache, use_cache)  # labkit's Llama forward, or None for transformers'
+    if decoder is not None:
+        with torch.inference_mode():
+            return Forward(*run(decoder, ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
+                                _on(position_ids, home)))
     if use_cache:
         keyword = "cache" if "cache" in parameters else "past_key_values"
         kwargs[keyword] = cache if cache is not None else _new_cache(module)
@@ -177,6 +183,10 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
         elif positions != "all":
             logits = logits[:, -positions:, :]
         return Forward(logits.float(), _output_cache(output) if use_cache else None)
+
+
+def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)
 
 
 def prefill(lm: Any, ids: torch.Tensor, *, device: Any = None) -> Forward:
