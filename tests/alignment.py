@@ -20,6 +20,7 @@ import torch
 from labkit import runtime
 from labkit.runtime.cache import _layer_tensors
 from labkit.runtime.generation import full_logits, greedy_margins
+from labkit.runtime.kv_cache import KVCache
 
 
 def misaligned(tensor: torch.Tensor) -> torch.Tensor:
@@ -54,6 +55,10 @@ def misaligned_model(lm):
 def misaligned_cache(cache):
     """A copy of a KV cache whose key and value tensors all sit in misaligned buffers."""
     copied = runtime.copy_cache(cache)
+    if isinstance(copied, KVCache):  # labkit's static cache: its whole reserved tensors, not the views it shows
+        copied.keys = [misaligned(t) for t in copied.keys]
+        copied.values = [misaligned(t) for t in copied.values]
+        return copied
     with torch.no_grad():
         for tensor in _layer_tensors(copied):
             moved = misaligned(tensor)

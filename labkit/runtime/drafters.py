@@ -1,9 +1,10 @@
 """Drafters for speculative decoding: what the loop asks of one (:class:`Drafter`), and two that need no second model.
 
 * :class:`PromptLookup` (Saxena 2023, "prompt lookup decoding"; transformers' ``prompt_lookup_num_tokens``): find
-  the latest earlier occurrence of the context's last n-gram (n from 3 down to 1) and propose what followed it.
-  transformers' ``PromptLookupCandidateGenerator`` takes the earliest occurrence and n-grams of at most 2 (4.57 to
-  5.24), so the two may propose different drafts; both verify them against the same greedy choice. Free to run, and
+  an earlier occurrence of the context's last n-gram (n from 3 down to 1) and propose what followed it. labkit
+  takes the latest occurrence by default; ``occurrence="first"`` takes the earliest, as transformers'
+  ``PromptLookupCandidateGenerator`` (with n-grams of at most 2, 4.57 to 5.24) and the original write-up do. The
+  two may propose different drafts; both verify them against the same greedy choice. Free to run, and
   right whenever the output copies the input (editing, quoting, code).
 * :class:`EarlyExit`: the target's own first ``n_layers`` blocks, then its final norm and head (a self-draft that
   shares every weight, with its own KV cache: :func:`truncated_model`). The model was not trained to exit early, so
@@ -23,6 +24,7 @@ import torch
 from labkit.core import sampling, validation
 from labkit.core.speculative import draw
 from labkit.runtime import crop, forward, module_of
+from labkit.runtime.llama import current_forward, early_exit
 
 
 class Drafter:
@@ -74,12 +76,23 @@ class Drafter:
         """Bring the drafter's own state up to ``context`` without timing it (nothing to do by default)."""
 
 
+OCCURRENCES = ("latest", "first")
+
+
 class PromptLookup(Drafter):
-    """Propose the continuation of the latest earlier match of the context's last n-gram (n from ``max_ngram``
-    down to ``min_ngram``); nothing when there is no match. Costs a scan of the context, no model call.
+    """Propose what followed an earlier occurrence of the context's last n-gram (n from ``max_ngram`` down to
+    ``min_ngram``); nothing when there is no match. Costs a scan of the context, no model call.
+
+    ``occurrence`` picks among several earlier matches: ``"latest"`` (labkit's choice, the default: the most recent
+    text is the likeliest to be copied next) or ``"first"`` (the earliest, as transformers'
+    ``PromptLookupCandidateGenerator`` and the method's original write-up do). Both are verified against the same
+    greedy choice, so the output is the same; only the tokens per target call can differ.
 
     >>> PromptLookup(max_ngram=2).propose([5, 6, 7, 8, 5, 6], 3)
     [7, 8, 5]
+    >>> context = [5, 1, 5, 2, 5]  # the last 1-gram, 5, occurred twice before: followed by 1, then by 2
+    >>> PromptLookup(max_ngram=1).propose(context, 1), PromptLookup(max_ngram=1, occurrence="first").propose(context, 1)
+    ([2], [1])
     >>> PromptLookup().propose([1, 2, 3], 4)
     []
     """
@@ -87,17 +100,21 @@ class PromptLookup(Drafter):
     name = "prompt lookup"
     drafts_from_prompt = True  # needs no model state: it can propose before the prefill
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, occurrence: str = "latest"):
         self.max_ngram = validation.integer("max_ngram", max_ngram, min=1)
         self.min_ngram = validation.integer("min_ngram", min_ngram, min=1, max=self.max_ngram)
+        self.occurrence = validation.choice("occurrence", occurrence, OCCURRENCES)
+        if occurrence == "first":
+            self.name = "prompt lookup (first occurrence)"
 
     def propose(self, context: Sequence[int], gamma: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> list[int]:
         """A point proposal, the same at every temperature (nothing to reset or crop: the context is the state)."""
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             tail = list(context[-n:])
-            # the latest start before the tail itself, so that the proposal continues real text
-            for start in range(len(context) - n - 1, -1, -1):
+            # starts before the tail itself, so that the proposal continues real text; latest or first first
+            starts = range(len(context) - n - 1, -1, -1) if self.occurrence == "latest" else range(len(context) - n)
+            for start in starts:
                 if list(context[start:start + n]) == tail:
                     return list(context[start + n:start + n + gamma])
         return []
@@ -146,8 +163,11 @@ class EarlyExit(Drafter):
         self.last_probs: list[torch.Tensor] = []  # the draft distribution of each proposal (sampling mode)
 
     def reset(self, lm: Any, token_ids: torch.Tensor) -> None:
-        if self.module is None or self._target is not module_of(lm):
-            self.module, self._target = truncated_model(lm, self.n_layers), module_of(lm)
+        if self.module is None or self._target is not module_of(lm) or self._forward != current_forward():
+            # labkit's decoder cut short when the target decodes through it, else the transformers module cut short
+            draft = early_exit(lm, self.n_layers)
+            self.module = draft if draft is not None else truncated_model(lm, self.n_layers)
+            self._target, self._forward = module_of(lm), current_forward()
         self.cache, self.cached = None, 0
 
     def propose(self, context: Sequence[int], gamma: int, temperature: float = 0.0,

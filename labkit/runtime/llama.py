@@ -1,0 +1,324 @@
+"""labkit's own Llama forward: the embedded model's decode step in a page of torch, at the memory floor.
+
+The same arithmetic as transformers' ``LlamaForCausalLM`` (a test holds the logits within float32's rounding and the
+greedy tokens identical), written the way pytorch-labs/gpt-fast's ``model.py`` writes it: the weights, then a block
+= RMSNorm -> grouped-query attention with the rotary embedding -> residual -> RMSNorm -> SwiGLU MLP -> residual,
+then the final norm and the output head tied to the embedding. Why a second forward: a decode step of this 135M
+model reads 538 MB of FP32 weights, about 18 ms at 29 GB/s, and transformers' general-purpose forward spends about
+as long again on Python and small operations (mask and cache bookkeeping, hooks, output objects). This one does
+only the arithmetic, keeps a static KV cache allocated once (:class:`KVCache`: a decode step writes one row, nothing
+is concatenated), and can hold its weights in BF16, INT8 or INT4 (:mod:`labkit.runtime.weight_formats`).
+
+The runtime decodes the embedded model through it by default (``runtime.forward`` with a cache, hence ``generate``,
+the timing harness, batching, speculative decoding and its drafters); ``use_forward("transformers")`` switches
+back, as a call or a ``with`` block. Passes without a cache (scoring a text, capturing activations) and hooked or
+edited models stay on transformers. :func:`decoder` gives a LoadedModel that decodes in a chosen weight format.
+
+Left out: sliding windows, rope scaling beyond the model's own ``inv_freq``, biases, tensor parallelism,
+``torch.compile`` (its first call takes longer than a lab). Layer: runtime. Used by labs 06 and 07 (and every lab
+that generates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import weakref
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from labkit.core import validation
+from labkit.runtime.kv_cache import KVCache, new_capacity
+from labkit.runtime.weight_formats import FORMATS, FloatLinear, compute_dtype, make_linear, weight_bytes
+
+FORWARDS = ("labkit", "transformers")
+
+
+class RMSNorm(torch.nn.Module):
+    """``x / sqrt(mean(x^2) + eps) * weight``, computed in float32 whatever the activations' dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)  # [d_model]
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding: each pair (x_i, x_{i + head_dim/2}) turned by its position's angle (Su et al. 2021,
+    in the half-split layout transformers' Llama uses). ``x`` ``[batch, heads, seq_len, head_dim]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(torch.nn.Module):
+    """Grouped-query attention: ``n_heads`` query heads share ``n_kv_heads`` key/value heads, read from the cache."""
+
+    def __init__(self, q, k, v, o, n_heads: int, n_kv_heads: int, head_dim: int):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = q, k, v, o
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int) -> torch.Tensor:
+        batch_size, seq_len, _ = x.shape
+        q = self.q_proj(x).view(batch_size, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch_size, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch_size, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        keys, values = cache.write(layer, k, v)  # [batch, n_kv_heads, cached + seq_len, head_dim]
+        # enable_gqa: each key/value head serves n_heads / n_kv_heads query heads, without copying it that often
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(batch_size, seq_len, self.n_heads * self.head_dim))
+
+
+class MLP(torch.nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, gate, up, down):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate, up, down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, attention: Attention, mlp: MLP, attention_norm: RMSNorm, mlp_norm: RMSNorm):
+        super().__init__()
+        self.attention, self.mlp, self.attention_norm, self.mlp_norm = attention, mlp, attention_norm, mlp_norm
+
+    def forward(self, x, cos, sin, mask, cache: KVCache, layer: int) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache, layer)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class Llama(torch.nn.Module):
+    """A Llama decoder built from a transformers ``LlamaForCausalLM``'s weights, in one weight format.
+
+    ``forward(token_ids, cache)`` runs ``token_ids`` (``[batch, seq_len]``) after what ``cache`` holds, grows the
+    cache in place and returns float32 logits ``[batch, keep, vocab]`` for the last ``keep`` positions. ``config``
+    is the source model's (so code reading ``lm.model.config`` still works).
+    """
+
+    def __init__(self, module: torch.nn.Module, weights: str = "fp32", n_layers: int | None = None):
+        super().__init__()
+        validation.choice("weights", weights, FORMATS)
+        config, body = module.config, module.model
+        self.config, self.weights, self.dtype = config, weights, compute_dtype(weights)
+        total = len(body.layers)
+        self.n_layers = validation.integer("n_layers", total if n_layers is None else n_layers, min=1, max=total)
+        n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        table = body.embed_tokens.weight
+        # The INT4 format keeps the tied matrix in INT8: an embedding lookup reads rows, which INT4's packing hides.
+        self.head = make_linear(table, "int8" if weights == "int4" else weights)
+        if module.lm_head.weight is not table:  # an untied head is its own matrix (not the embedded model)
+            self.embedding = self.head
+            self.head = make_linear(module.lm_head.weight, "int8" if weights == "int4" else weights)
+        else:
+            self.embedding = self.head
+
+        def norm(source: torch.nn.Module) -> RMSNorm:
+            return RMSNorm(source.weight.detach().to(self.dtype), source.variance_epsilon)
+
+        def linear(source: torch.nn.Linear) -> torch.nn.Module:
+            return make_linear(source.weight, weights)
+
+        self.layers = torch.nn.ModuleList(
+            Block(Attention(linear(layer.self_attn.q_proj), linear(layer.self_attn.k_proj),
+                            linear(layer.self_attn.v_proj), linear(layer.self_attn.o_proj), n_heads, n_kv_heads,
+                            head_dim),
+                  MLP(linear(layer.mlp.gate_proj), linear(layer.mlp.up_proj), linear(layer.mlp.down_proj)),
+                  norm(layer.input_layernorm), norm(layer.post_attention_layernorm))
+            for layer in list(body.layers)[:self.n_layers])
+        self.norm = norm(body.norm)
+        # The rotary angles of every position, once: position p turns pair i by p * inv_freq[i] (the source model's
+        # own inv_freq, so its rope settings carry over), as transformers computes them, in float32.
+        rotary = body.rotary_emb
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        angles = torch.outer(positions, rotary.inv_freq.float())  # [max_positions, head_dim / 2]
+        angles = torch.cat([angles, angles], dim=-1)
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        self.register_buffer("cos", (angles.cos() * scaling).to(self.dtype), persistent=False)
+        self.register_buffer("sin", (angles.sin() * scaling).to(self.dtype), persistent=False)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads: every matrix and norm once, the rotary tables left out (a step
+        reads one row of each) and the embedding counted once with the head it is tied to."""
+        return weight_bytes(self) - self.cos.numel() * self.cos.element_size() * 2
+
+    def truncated(self, n_layers: int) -> "Llama":
+        """The first ``n_layers`` blocks, then the final norm and head, sharing every weight (an early-exit draft)."""
+        n_layers = validation.integer("n_layers", n_layers, min=1, max=self.n_layers,
+                                      note=f"the decoder has {self.n_layers} blocks")
+        draft = copy.copy(self)
+        draft._modules = dict(self._modules)  # a new module table: this decoder keeps all its blocks
+        draft.layers = torch.nn.ModuleList(list(self.layers)[:n_layers])
+        draft.n_layers = n_layers
+        return draft
+
+    def new_cache(self, batch_size: int, capacity: int) -> KVCache:
+        """An empty static cache for ``batch_size`` sequences of up to ``capacity`` tokens (it grows if needed)."""
+        return KVCache(self.n_layers, batch_size, self.n_kv_heads, self.head_dim, capacity, self.dtype,
+                       self.cos.device)
+
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, *, keep: int = 1,
+                attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        batch_size, seq_len = token_ids.shape
+        start = cache.length
+        cache.reserve(seq_len, attention_mask)
+        if position_ids is None:
+            position_ids = torch.arange(start, start + seq_len, device=token_ids.device).expand(batch_size, -1)
+        cos = self.cos[position_ids].unsqueeze(1)  # [batch, 1, seq_len, head_dim]: one angle per position
+        sin = self.sin[position_ids].unsqueeze(1)
+        mask = cache.attention_mask(seq_len)  # None for one token without padding: it sees every cached key
+        x = self.embedding.rows(token_ids).to(self.dtype)  # [batch, seq_len, d_model]
+        for index, block in enumerate(self.layers):
+            x = block(x, cos, sin, mask, cache, index)
+        cache.advance(seq_len)
+        x = self.norm(x[:, seq_len - keep:])
+        return self.head(x).float()  # [batch, keep, vocab]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Which forward the runtime uses: labkit's for a plain Llama, transformers' when switched or when it must
+
+
+_current = ["labkit"]
+
+
+class use_forward(contextlib.AbstractContextManager):
+    """The switch: ``use_forward("transformers")`` makes every later cached pass run transformers' forward;
+    ``use_forward("labkit")`` (the default) switches back. As a ``with`` block it lasts for the block only.
+
+    >>> with use_forward("transformers"):
+    ...     current_forward()
+    'transformers'
+    >>> current_forward()
+    'labkit'
+    """
+
+    def __init__(self, name: str):
+        validation.choice("name", name, FORWARDS)
+        self.previous = _current[0]
+        _current[0] = name
+
+    def __exit__(self, *exc: Any) -> None:
+        _current[0] = self.previous
+
+
+def current_forward() -> str:
+    """``"labkit"`` or ``"transformers"``: what a new cached pass of the embedded model runs."""
+    return _current[0]
+
+
+_decoders: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Llama]]" = weakref.WeakKeyDictionary()
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+            "mlp.up_proj", "mlp.down_proj")
+
+
+def _is_plain_llama(module: torch.nn.Module) -> bool:
+    """A transformers Llama whose layers are as loaded: plain Linears, no hooks (a capture or an edit runs
+    through transformers, which calls them), no biases, SiLU."""
+    if type(module).__name__ != "LlamaForCausalLM" or module.training:
+        return False
+    config = module.config
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
+        return False
+    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
+        return False
+    for child in module.modules():
+        if child._forward_hooks or child._forward_pre_hooks:
+            return False
+    return all(type(layer.get_submodule(name)) is torch.nn.Linear
+               for layer in module.model.layers for name in _LINEARS)
+
+
+def _fingerprint(module: torch.nn.Module) -> tuple:
+    """Where every weight lives: a reassigned or moved tensor (``.to(device)``, a misaligned copy) changes it."""
+    return tuple(p.data_ptr() for p in module.parameters())
+
+
+def shared_decoder(module: torch.nn.Module) -> Llama:
+    """The FP32 :class:`Llama` over a transformers module's own weights (built once per module, no copy)."""
+    fingerprint = _fingerprint(module)
+    known = _decoders.get(module)
+    if known is None or known[0] != fingerprint:
+        known = (fingerprint, Llama(module, "fp32"))
+        _decoders[module] = known
+    return known[1]
+
+
+def decoder_for(lm: Any, module: torch.nn.Module, cache: Any, use_cache: bool) -> Llama | None:
+    """The labkit decoder a pass runs on, or None for transformers' forward.
+
+    A labkit module always runs itself; a labkit cache continues on the decoder that filled it. A new cached pass
+    of a LoadedModel runs labkit's forward when the switch says so and the model is a plain Llama; a bare
+    transformers module, a pass without a cache, and a hooked or edited model run transformers'.
+    """
+    if isinstance(module, Llama):
+        return module
+    if isinstance(cache, KVCache):
+        return shared_decoder(module)
+    if (cache is None and use_cache and _current[0] == "labkit" and not isinstance(lm, torch.nn.Module)
+            and _is_plain_llama(module)):
+        return shared_decoder(module)
+    return None
+
+
+def early_exit(lm: Any, n_layers: int) -> Llama | None:
+    """labkit's decoder of ``lm`` cut after ``n_layers`` blocks when ``lm`` decodes through it, else None (the
+    caller then cuts the transformers module)."""
+    module = lm if isinstance(lm, torch.nn.Module) else getattr(lm, "model", None)
+    if isinstance(module, Llama):
+        return module.truncated(n_layers)
+    if _current[0] == "labkit" and not isinstance(lm, torch.nn.Module) and _is_plain_llama(module):
+        return shared_decoder(module).truncated(n_layers)
+    return None
+
+
+def decoder(lm: Any, weights: str = "fp32") -> Any:
+    """A LoadedModel that decodes in the weight format ``weights`` (``"fp32"``, ``"bf16"``, ``"int8"``,
+    ``"int4"``): the same tokenizer and spec, its ``model`` a :class:`Llama` (every pass, cached or not, runs it).
+
+    FP32 shares the loaded weights; the other formats hold their own (quantized once, here).
+    """
+    validation.choice("weights", weights, FORMATS)
+    module = lm.model
+    if isinstance(module, Llama):
+        raise TypeError(f"lm must be a LoadedModel of a transformers Llama (as load_model() returns), got one "
+                        f"already holding labkit's {module.weights} decoder")
+    if not _is_plain_llama(module):
+        raise TypeError(f"lm must hold a plain transformers LlamaForCausalLM, got {type(module).__name__}")
+    llama = shared_decoder(module) if weights == "fp32" else Llama(module, weights)
+    return dataclasses.replace(lm, model=llama, notes=[*lm.notes, f"labkit's Llama forward, {weights} weights"])
+
+
+def run(llama: Llama, token_ids: torch.Tensor, cache: KVCache | None, positions: str | int, use_cache: bool,
+        attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+        ) -> tuple[torch.Tensor, KVCache | None]:
+    """``runtime.forward``'s pass on labkit's decoder: (float32 logits as ``positions`` asks, the grown cache).
+
+    ``cache=None`` starts a cache sized by :func:`labkit.runtime.kv_cache.new_capacity`; ``use_cache=False`` runs
+    on a throwaway cache of exactly the tokens given and returns None for it.
+    """
+    batch_size, seq_len = token_ids.shape
+    if cache is None:
+        cache = llama.new_cache(batch_size, new_capacity(seq_len) if use_cache else seq_len)
+    elif not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be the KVCache labkit's decoder returned, got {type(cache).__name__} (a cache "
+                        "filled by one forward continues on that forward)")
+    keep = 1 if positions == "last" else seq_len if positions == "all" else positions
+    logits = llama(token_ids, cache, keep=keep, attention_mask=attention_mask, position_ids=position_ids)
+    return (logits[:, -1] if positions == "last" else logits), (cache if use_cache else None)
