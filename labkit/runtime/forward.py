@@ -21,6 +21,7 @@ import torch
 
 from labkit.core import validation
 from labkit.runtime.llama import decoder_for, run
+from labkit.runtime.llama import decoder_for, run
 
 POSITIONS = ("last", "all")
 
@@ -168,6 +169,11 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
         with torch.inference_mode():
             return Forward(*run(decoder, ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
                                 _on(position_ids, home)))
+    decoder = decoder_for(lm, module, cache, use_cache)  # labkit's Llama forward, or None for transformers'
+    if decoder is not None:
+        with torch.inference_mode():
+            return Forward(*run(decoder, ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
+                                _on(position_ids, home)))
     if use_cache:
         keyword = "cache" if "cache" in parameters else "past_key_values"
         kwargs[keyword] = cache if cache is not None else _new_cache(module)
@@ -183,6 +189,10 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
         elif positions != "all":
             logits = logits[:, -positions:, :]
         return Forward(logits.float(), _output_cache(output) if use_cache else None)
+
+
+def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if tensor is None else tensor.to(device)
 
 
 def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
