@@ -1,0 +1,44 @@
+"""labkit.instructor.review: the static read follows names through the notebook and stays bounded."""
+
+import time
+
+import nbformat
+
+from labkit.instructor.review import MAX_CELL_BYTES, review_notebook
+
+
+def _notebook(*sources: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+
+
+def _whats(notebook, lab="00") -> list[str]:
+    return [f"{f['cell']}:{f['what']}" for f in review_notebook(notebook, lab)]
+
+
+def test_names_follow_the_data_across_cells_aliases_and_built_names():
+    found = _whats(_notebook(
+        "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor as Pool",
+        "import sys\ndef softmax_with_temperature(logits, t):\n    getattr(sys, 'set' + 'profile')(None)\n"
+        "    return s.softmax_with_temperature(logits, t)",
+        "open('/job/out/answers.json', 'w')\nvars(s)"))
+    assert any(line.startswith("1:s.softmax_with_temperature: labkit's reference") for line in found)
+    assert any("executor or pool" in line for line in found)
+    assert any(line.startswith("1:getattr with a name built at run time") for line in found)
+    assert any(line.startswith("2:") and "grader's folder" in line for line in found)
+    assert any(line.startswith("2:vars") for line in found)
+
+
+def test_a_name_a_course_cell_put_in_scope_reaches_the_reference():
+    # Lab 01's course cell imports `sampling`; the learner's cell only uses it.
+    found = _whats(_notebook("from labkit.core import sampling",
+                             "def top_k_filter(logits, top_k):\n    return sampling.top_k_filter(logits, top_k)"), "01")
+    assert found == ["1:sampling.top_k_filter: labkit's reference answer to an exercise of this lab"]
+    assert any("nll_loss" in line for line in _whats(_notebook("import torch.nn.functional as F\nF.nll_loss"), "02"))
+
+
+def test_a_huge_cell_is_noted_not_read_and_costs_little():
+    started = time.monotonic()
+    found = review_notebook(_notebook("x = 1\n" * (4 * MAX_CELL_BYTES), "import sys\nsys.settrace(None)"), "00")
+    assert time.monotonic() - started < 10
+    assert found[0]["cell"] == 0 and "not reviewed" in found[0]["what"]
+    assert found[1]["cell"] == 1 and "settrace" in found[1]["what"]

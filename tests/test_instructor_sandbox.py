@@ -1,0 +1,93 @@
+"""labkit.instructor.sandbox: nothing of the host inside the wall, and nothing of the run left outside it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labkit.instructor import sandbox
+from labkit.instructor.kernel_limits import Limits
+
+needs_wall = pytest.mark.skipif(sandbox.isolation_problem() is not None and bool(
+    os.environ.get("LABKIT_SKIP_SANDBOX_TESTS")), reason="LABKIT_SKIP_SANDBOX_TESTS is set")
+
+PROBE = r"""
+import os, pathlib, shutil
+def read(path):
+    try:
+        return pathlib.Path(path).read_text()
+    except OSError as error:
+        return type(error).__name__
+print("first", sorted(item.split("=")[0] for item in read("/proc/1/environ").split("\0") if item))
+print("own", sorted(item.split("=")[0] for item in read("/proc/self/environ").split("\0") if item))
+print("shadow", read("/etc/shadow"))
+print("etc", sorted(os.listdir("/etc")))
+print("uid_map", read("/proc/self/uid_map").split())
+print("job", sorted(os.listdir("/job")), read("/job/submission.ipynb"))
+print("disk", shutil.disk_usage("/job").total // 2**20, shutil.disk_usage("/tmp").total // 2**20)
+message = os.read(int(os.environ["FROM_GRADER"]), 100)
+os.write(int(os.environ["TO_GRADER"]), message.upper())
+"""
+
+
+@needs_wall
+def test_the_wall_shows_nothing_of_the_host_and_talks_only_over_its_pipes(tmp_path, monkeypatch):
+    if sandbox.isolation_problem():
+        pytest.fail(f"the sandbox is missing: {sandbox.isolation_problem()} (LABKIT_SKIP_SANDBOX_TESTS opts out)")
+    monkeypatch.setenv("LABKIT_GRADING_SECRET", "do-not-show")
+    heard = {}
+
+    def exchange(read_fd, write_fd):
+        os.write(write_fd, b"cases")
+        heard["reply"] = os.read(read_fd, 100)
+
+    run = sandbox.run_walled(
+        [sys.executable, "-c", PROBE.replace('os.environ["FROM_GRADER"]', "{to_worker}").replace(
+            'os.environ["TO_GRADER"]', "{from_worker}")], None, Limits(wall_seconds=120, disk_mb=32),
+        isolate=True, env={"PATH": "/usr/bin:/bin", "HOME": "/job/home"}, job_files={"submission.ipynb": b"NB"},
+        exchange=exchange)
+    lines = dict(line.split(" ", 1) for line in run.log_tail.splitlines())
+    assert run.returncode == 0, run.log_tail
+    assert lines["first"] == "['LANG', 'PATH']"  # bubblewrap's own environment: bare, no secret
+    assert lines["own"] == "['HOME', 'PATH', 'PWD']" and "do-not-show" not in run.log_tail
+    assert lines["shadow"] == "FileNotFoundError" and "shadow" not in lines["etc"]
+    outside = os.geteuid() if os.geteuid() else 65534  # root's sandbox is nobody outside
+    assert lines["uid_map"] == str(["65534", str(outside), "1"])
+    assert lines["job"] == "['home', 'submission.ipynb'] NB"
+    assert lines["disk"] == "32 32"  # the job folder and /tmp: filesystems of the set size
+    assert heard["reply"] == b"CASES"
+
+
+@needs_wall
+def test_the_wall_shows_what_it_binds_even_below_tmp_and_nothing_else(tmp_path):
+    """CI clones the repository under /tmp: the environment bound from there must not vanish under the wall's own
+    /tmp; the folder beside it (a class folder, the output) must not be there at all."""
+    if sandbox.isolation_problem():
+        pytest.fail(f"the sandbox is missing: {sandbox.isolation_problem()} (LABKIT_SKIP_SANDBOX_TESTS opts out)")
+    shown, hidden = tmp_path / "environment", tmp_path / "class"
+    for folder in (shown, hidden):
+        folder.mkdir()
+    (shown / "fact.txt").write_text("visible")
+    (hidden / "alice.ipynb").write_text("{}")
+    probe = ("import pathlib\n"
+             f"print(pathlib.Path({str(shown / 'fact.txt')!r}).read_text())\n"
+             f"print(pathlib.Path({str(hidden / 'alice.ipynb')!r}).exists())\n"
+             f"try:\n    pathlib.Path({str(shown / 'fact.txt')!r}).write_text('changed')\n"
+             "except OSError as error:\n    print(type(error).__name__)\n")
+    run = sandbox.run_walled([sys.executable, "-c", probe], None, Limits(wall_seconds=60), isolate=True,
+                             env={"PATH": "/usr/bin:/bin"}, readable=[shown])
+    assert run.returncode == 0, run.log_tail
+    assert run.log_tail.split() == ["visible", "False", "OSError"]
+    assert (shown / "fact.txt").read_text() == "visible"
+
+
+def test_a_folder_tree_of_any_depth_is_removed(tmp_path):
+    """Without the wall the job folder is on disk: 5,000 nested folders (deeper than PATH_MAX) still go."""
+    top = tmp_path / "job"
+    top.mkdir()
+    subprocess.run([sys.executable, "-c", "import os\nos.chdir(os.sys.argv[1])\nfor _ in range(5000):\n"
+                    "    os.mkdir('d')\n    os.chdir('d')\nos.chmod('.', 0)\n", str(top)], check=True)
+    sandbox.remove_tree(top)
+    assert not top.exists()
