@@ -8,7 +8,7 @@ alternately so a busy machine slows both alike), the decode floor = bytes per to
 ratios labkit / floor and labkit / transformers; then the lab's latency model fitted again and again on the
 notebook's points (decode at 16 and 1,024 cached tokens, batches 1 and 3), each coefficient's spread over the
 repeats beside the fit's own standard error, and predicted / measured decode steps at points it was not fitted on
-(the DESIGN target: within +-25 %); then prefill and decode step against the thread count; then the explorer's
+(docs/DESIGN.md's target: within +-25 %); then prefill and decode step against the thread count; then the explorer's
 p50/p95 update. Never asserts on time. Run: ``python -m benchmarks timing``.
 """
 

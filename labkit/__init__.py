@@ -1,6 +1,6 @@
 """labkit: the library behind the workbook on the mathematics of running a language model.
 
-The layers of DESIGN.md are folders, and imports point down only (a test reads them):
+The layers of docs/DESIGN.md are folders, and imports point down only (a test reads them):
 
 1. ``labkit.core`` -- pure math, one module per lab topic (sampling, loss, memory, ...);
 2. ``labkit.runtime`` -- loading models and the only code that runs them (forward passes, caches, capture,

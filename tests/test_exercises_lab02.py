@@ -406,7 +406,7 @@ def calls_full_logits(model, token_ids, window, stride):
 
     class Direct:
         def logits(self, ids):
-            return runtime.full_logits(model.model, ids[None])[0]
+            return runtime.full_logits(model.lm, ids[None])[0]
 
     model.logits(token_ids[:1])  # loads the model
     return strided_solution(Direct(), token_ids, window, stride)

@@ -86,7 +86,7 @@ def test_wheel_carries_the_data_and_works_from_another_directory(tmp_path):
     assert models == "['pythia-14m', 'smollm2-135m']" and first_lab == "00_start_here.ipynb"
 
 
-# The layers of DESIGN.md, one folder each; a module may import from its own layer and those below it.
+# The layers of docs/DESIGN.md, one folder each; a module may import from its own layer and those below it.
 LAYERS = {"core": 1, "runtime": 2, "explorers": 3, "exercises": 4, "instructor": 5}
 # Third-party packages a layer may not import: the core and the runtime draw nothing, the core runs no model.
 FORBIDDEN = {1: ("ipywidgets", "matplotlib", "IPython", "transformers"), 2: ("ipywidgets", "matplotlib")}
@@ -211,6 +211,100 @@ def test_the_cycle_test_catches_a_cycle_hidden_in_a_function(tmp_path):
     assert sorted(_cycle(graph)[:-1]) == ["labkit.runtime.a", "labkit.runtime.b"]
     (layer / "b.py").write_text("from labkit.runtime import f\n")  # through the package's __init__
     assert _cycle(_import_graph(layer)) != []
+
+
+# The README's vocabulary: one name per kind of thing. A public parameter never uses the words it replaced.
+RETIRED_NAMES = {"model": "lm (a LoadedModel, or a LoadedModel or torch module) or module (a torch nn.Module)",
+                 "ids": "token_ids", "input_ids": "token_ids"}
+# Kept on purpose (the README names these): a learner's stub spells its arguments as the notebook does.
+KEPT_NAMES = {("labkit.exercises.lab02", "next_token_loss", "input_ids"): "02.next_token_loss's stub, as transformers",
+              ("labkit.exercises.lab02", "strided_perplexity", "model"): "02.strided_perplexity's stub"}
+
+
+def _public_parameters(path: Path) -> list[tuple[str, str, int]]:
+    """(function, parameter, line) of every public function and public method's parameters in a file."""
+    import ast
+
+    found = []
+
+    def visit(body, owner=""):
+        for node in body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                visit(node.body, f"{owner}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    not node.name.startswith("_") or node.name == "__init__"):
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                found.extend((f"{owner}{node.name}", a.arg, node.lineno) for a in arguments)
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return found
+
+
+def test_public_parameters_use_the_readme_vocabulary():
+    wrong = []
+    for path in sorted((ROOT / "labkit").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for function, name, line in _public_parameters(path):
+            if name in RETIRED_NAMES and (module, function, name) not in KEPT_NAMES:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} {function}({name}): say {RETIRED_NAMES[name]}")
+    assert wrong == []
+
+
+def test_the_vocabulary_test_reads_methods_and_skips_private_names(tmp_path):
+    code = tmp_path / "code.py"
+    code.write_text("def run(model, token_ids):\n    def inner(ids): pass\nclass Box:\n    def __init__(self, lm): pass\n"
+                    "    def logits(self, ids): pass\n    def _hidden(self, model): pass\nclass _Private:\n"
+                    "    def go(self, model): pass\n")
+    assert _public_parameters(code) == [("run", "model", 1), ("run", "token_ids", 1),
+                                                ("Box.__init__", "self", 4), ("Box.__init__", "lm", 4),
+                                                ("Box.logits", "self", 5), ("Box.logits", "ids", 5)]
+
+
+# A cited path: a document by name (DESIGN.md), or a file or folder of this repository from its top folder
+# (tests/alignment.py, notebooks/solutions/). A pattern (tests/test_<layer>_<module>.py, NN_*.ipynb) is no citation.
+_CITED = re.compile(r"(?<![\w./-])((?:labkit|tests|notebooks|data|benchmarks|docs|\.ci)/[\w./<>*{}-]*(?:\.\w+|/)"
+                    r"|[\w.<>*-]+\.md\b)")  # a path ends in an extension (.py, .ipynb) or a folder's slash
+_ELSEWHERE = re.compile(r"(\w+://\S+|[\w.-]+/[\w.-]+,\s*`*)$")  # a URL, or another repository's "owner/name, path"
+_CITING = [ROOT / name for name in ("README.md", "pyproject.toml", "Makefile", "environment.yml")] + [
+    path for folder in ("labkit", "tests", "benchmarks", "notebooks", "docs", "data", ".ci")
+    for path in sorted((ROOT / folder).rglob("*")) if path.is_file() and "__pycache__" not in path.parts]
+
+
+def _citations(path: Path) -> list[tuple[int, str]]:
+    """(line, cited path) of every path or document a file names, outside URLs and other repositories."""
+    found = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        for match in _CITED.finditer(line):
+            cited = match.group(1).rstrip(".")
+            if (re.search(r"[<>*{}]|NN", cited) or _ELSEWHERE.search(line[:match.start()])
+                    or ("/" not in cited.rstrip("/") and not cited.endswith(".md"))):
+                continue
+            found.append((number, cited))
+    return found
+
+
+def test_every_document_a_file_cites_exists():
+    documents = {path.name for path in ROOT.glob("**/*.md") if ".venv" not in path.parts}
+    missing = []
+    for path in _CITING:
+        if path.suffix in {".png", ".gguf", ".safetensors"}:
+            continue
+        for line, cited in _citations(path):
+            if "/" in cited:
+                found = (ROOT / cited).exists() or (path.parent / cited).exists()
+            else:  # a document by its name alone: it must be somewhere in the repository
+                found = cited in documents
+            if not found:
+                missing.append(f"{path.relative_to(ROOT)}:{line} cites {cited}, which is not in the repository")
+    assert missing == []
+
+
+def test_the_citation_test_reads_paths_and_skips_urls_and_patterns(tmp_path):
+    code = tmp_path / "code.py"
+    code.write_text("# see docs/DESIGN.md and STYLE.md, tests/test_<layer>_<module>.py, notebooks/NN_x.ipynb\n"
+                    "# https://github.com/o/r/blob/main/docs/x.md, huggingface/safetensors, docs/safetensors.md\n"
+                    "# the split left tests/" + "test_runtime.py behind; a labkit/transformers version\n")
+    assert _citations(code) == [(1, "docs/DESIGN.md"), (1, "STYLE.md"), (3, "tests/" + "test_runtime.py")]
 
 
 def test_core_modules_import_no_widgets_or_plots_when_run():

@@ -85,9 +85,9 @@ def test_first_divergence():
 
 
 @pytest.mark.parametrize("bad", [dict(max_new_tokens=-1), dict(temperature=-0.5), dict(seed=1.5),
-                                 dict(input_ids=torch.tensor([1, 2, 3]))])
+                                 dict(token_ids=torch.tensor([1, 2, 3]))])
 def test_bad_arguments_are_rejected(bad):
-    arguments = dict(model=None, input_ids=torch.tensor([[1, 2]]), max_new_tokens=3) | bad
+    arguments = dict(lm=None, token_ids=torch.tensor([[1, 2]]), max_new_tokens=3) | bad
     with pytest.raises((ValueError, TypeError)):
         generate(**arguments)
 
@@ -96,7 +96,7 @@ def test_bad_arguments_are_rejected(bad):
                                               ("top_k", 2.5, TypeError), ("top_p", 1.5, ValueError),
                                               ("order", "reverse", ValueError)])
 def test_a_bad_sampling_setting_gets_the_same_error_as_in_sampling(name, value, error):
-    # Checked before the first forward pass (model=None is never called), with sampling's own message.
+    # Checked before the first forward pass (lm=None is never called), with sampling's own message.
     with pytest.raises(error) as from_sampling:
         sampling_probs(torch.zeros(3), **{name: value})
     with pytest.raises(error) as from_generate:

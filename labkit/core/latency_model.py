@@ -263,7 +263,7 @@ def fit_latency_model(prefill_points: Sequence[tuple[int, int, float]],
 
 
 def prediction_ratio(predicted_s: float, measured_s: float) -> float:
-    """predicted / measured: 1.25 is 25 % slow, 0.8 20 % fast (the DESIGN target is within 0.75..1.25).
+    """predicted / measured: 1.25 is 25 % slow, 0.8 20 % fast (docs/DESIGN.md's target: within 0.75..1.25).
 
     >>> prediction_ratio(0.09, 0.08)
     1.125

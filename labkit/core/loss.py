@@ -49,17 +49,17 @@ def _in_unit(nats: torch.Tensor, unit: str) -> torch.Tensor:
     return nats / math.log(2) if unit == "bits" else nats
 
 
-def align_next_token(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pair a causal model's output with what it predicts: ``logits[..., :-1, :]`` scores ``input_ids[..., 1:]``.
+def align_next_token(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair a causal model's output with what it predicts: ``logits[..., :-1, :]`` scores ``token_ids[..., 1:]``.
 
     >>> logits, targets = align_next_token(torch.zeros(1, 4, 10), torch.tensor([[5, 6, 7, 8]]))
     >>> tuple(logits.shape), targets.tolist()
     ((1, 3, 10), [[6, 7, 8]])
     """
-    if logits.shape[:-1] != input_ids.shape:
-        raise ValueError(f"logits [..., seq_len, vocab] and input_ids [..., seq_len] must agree, got logits "
-                         f"{tuple(logits.shape)} and input_ids {tuple(input_ids.shape)}")
-    return logits[..., :-1, :], input_ids[..., 1:]
+    if logits.shape[:-1] != token_ids.shape:
+        raise ValueError(f"logits [..., seq_len, vocab] and token_ids [..., seq_len] must agree, got logits "
+                         f"{tuple(logits.shape)} and token_ids {tuple(token_ids.shape)}")
+    return logits[..., :-1, :], token_ids[..., 1:]
 
 
 def token_surprisal(logits: torch.Tensor, targets: torch.Tensor, unit: str = "nats") -> torch.Tensor:

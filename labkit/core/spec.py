@@ -1,8 +1,9 @@
 """The architecture numbers every lab shares, read from a transformers config.
 
-One vocabulary for the whole workbook (STYLE.md rule 5): ``n_layers, d_model, n_heads, n_kv_heads, head_dim,
-vocab``. ``head_dim`` is always read or given explicitly, never assumed to be ``d_model // n_heads``: some
-models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption is wrong for them.
+One vocabulary for the whole workbook (docs/DESIGN.md, "One name per kind of thing"): ``n_layers, d_model, n_heads,
+n_kv_heads, head_dim, vocab``. ``head_dim`` is always read or given explicitly, never assumed to be
+``d_model // n_heads``: some models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption
+is wrong for them.
 
 :class:`GPUSpec` stands beside it: a device's memory as the driver reports it (nvidia-smi's total, in bytes), the
 vendor's printed figure beside it, and its peak bandwidth (GB and GiB are defined once, in ``labkit.core.resources``).

@@ -3,11 +3,11 @@
 Layer 1 (core), used by lab 06. TTFT is the first emission minus the request start (seconds, or any one unit
 throughout); the inter-token latencies (ITL) are the gaps between consecutive emissions; TPOT is their mean,
 ``(t_n - t_1) / (n - 1)``, over the ``n - 1`` intervals after the first token (the course chapter's definition and
-vLLM's ``(latency - ttft) / (output_len - 1)`` in ``benchmarks/serve.py``), and is *unavailable* (None) for a
-one-token answer — vLLM stores 0 there for its goodput count; we do not, because 0 would read as "infinitely
-fast". ITL p50/p99 pool every request's gaps and take numpy's linear-interpolation percentile, as vLLM does.
-E2E ~ TTFT + (n - 1) x TPOT. Repeated measurements are summarised by their median and spread. A scripted clock
-and scripted steps let a timing harness be checked against known durations.
+vLLM's ``(latency - ttft) / (output_len - 1)`` in vllm-project/vllm, ``benchmarks/serve.py``), and is
+*unavailable* (None) for a one-token answer — vLLM stores 0 there for its goodput count; we do not, because 0
+would read as "infinitely fast". ITL p50/p99 pool every request's gaps and take numpy's linear-interpolation
+percentile, as vLLM does. E2E ~ TTFT + (n - 1) x TPOT. Repeated measurements are summarised by their median and
+spread. A scripted clock and scripted steps let a timing harness be checked against known durations.
 
 The cost of a step and the roofline are in :mod:`labkit.core.roofline`; the latency model calibrated from
 measurements in :mod:`labkit.core.latency_model`. Left out: queueing, tokenization and network time (a service's

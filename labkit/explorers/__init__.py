@@ -1,6 +1,6 @@
 """Explorers: one interactive widget per lab (layer 3). They import the core, never the reverse.
 
-Every explorer has the same shape (STYLE.md rule 14):
+Every explorer has the same shape (docs/DESIGN.md, "Explorers"):
 
 - ``compute(...)`` — a pure function of plain values (numbers, tensors, a model's *precomputed* outputs) that
   returns a plain dataclass; tests call it directly. Heavy work such as a model forward pass happens once,

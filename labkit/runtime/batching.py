@@ -67,7 +67,7 @@ def left_pad(prompts: Sequence[torch.Tensor], pad_token_id: int) -> tuple[torch.
     return ids, mask
 
 
-def _serve_batch(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int, eos_token_id: int | None,
+def _serve_batch(lm: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int, eos_token_id: int | None,
                  pad_token_id: int, started: float, device: Any) -> tuple[list[list[int]], list[float]]:
     """Greedy generation for one left-padded batch: each sequence's new tokens and the time it finished."""
     ids, mask = left_pad(prompts, pad_token_id)
@@ -80,14 +80,14 @@ def _serve_batch(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: in
     with torch.inference_mode():
         for step in range(max_new_tokens):
             if step == 0:
-                logits, cache = forward(model, ids, attention_mask=mask, position_ids=positions, device=device)
+                logits, cache = forward(lm, ids, attention_mask=mask, position_ids=positions, device=device)
             else:
                 positions = positions[:, -1:] + 1  # the new token follows each sequence's last real one
-                logits, cache = forward(model, chosen.unsqueeze(1), cache, attention_mask=mask,
+                logits, cache = forward(lm, chosen.unsqueeze(1), cache, attention_mask=mask,
                                         position_ids=positions, device=device)
             chosen = logits.cpu().argmax(dim=-1)  # greedy, as generate() at T = 0
             mask = torch.cat([mask, torch.ones((batch, 1), dtype=torch.long)], dim=1)
-            synchronize(device if device is not None else model_device(model))
+            synchronize(device if device is not None else model_device(lm))
             now = time.perf_counter() - started
             for row in range(batch):
                 if not finished[row]:
@@ -99,7 +99,7 @@ def _serve_batch(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: in
     return new, done_at
 
 
-def generate_requests(model: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int, *, batch_size: int = 8,
+def generate_requests(lm: Any, prompts: Sequence[torch.Tensor], max_new_tokens: int, *, batch_size: int = 8,
                       eos_token_id: int | None = None, pad_token_id: int = 0, sort_by_length: bool = True,
                       device: Any = None) -> RequestsRun:
     """Greedy generation for requests of different lengths (``prompts``: 1-D token-id tensors), in batches.
@@ -124,7 +124,7 @@ def generate_requests(model: Any, prompts: Sequence[torch.Tensor], max_new_token
     for number, first in enumerate(range(0, len(order), batch_size)):
         members = order[first:first + batch_size]
         chosen = [prompts[i] for i in members]
-        new, done_at = _serve_batch(model, chosen, max_new_tokens, eos_token_id, pad_token_id, started, device)
+        new, done_at = _serve_batch(lm, chosen, max_new_tokens, eos_token_id, pad_token_id, started, device)
         longest = max(len(p) for p in chosen)
         for row, request in enumerate(members):
             results[request] = RequestResult(request, len(prompts[request]), tuple(new[row]), number, len(members),

@@ -21,7 +21,6 @@ import torch
 
 from labkit.core import validation
 from labkit.runtime.llama import decoder_for, run
-from labkit.runtime.llama import decoder_for, run
 
 POSITIONS = ("last", "all")
 
@@ -131,10 +130,10 @@ def _check_ids(ids: Any, name: str) -> None:
         raise validation.fail(ValueError, name, "an integer tensor of shape [batch, seq_len] with batch >= 1", ids)
 
 
-def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | int = "last",
+def forward(lm: Any, token_ids: torch.Tensor, cache: Any = None, *, positions: str | int = "last",
             use_cache: bool = True, device: Any = None, attention_mask: torch.Tensor | None = None,
             position_ids: torch.Tensor | None = None) -> Forward:
-    """One forward pass over ``ids`` (``[batch, seq_len]``) after what ``cache`` holds.
+    """One forward pass over ``token_ids`` (``[batch, seq_len]``) after what ``cache`` holds.
 
     ``positions="last"`` returns the next-token logits ``[batch, vocab]`` (the vocabulary projection runs for
     the last position only when the model allows); ``"all"`` returns every position's ``[batch, seq_len, vocab]``;
@@ -146,9 +145,9 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
     sequence's real tokens from 0 (:func:`labkit.runtime.batching.generate_requests` builds both).
     """
     module = module_of(lm)
-    _check_ids(ids, "ids")
+    _check_ids(token_ids, "token_ids")
     if isinstance(positions, int) and not isinstance(positions, bool):
-        validation.integer("positions", positions, min=1, max=ids.shape[1], note="the last n positions")
+        validation.integer("positions", positions, min=1, max=token_ids.shape[1], note="the last n positions")
     elif positions not in POSITIONS:
         validation.choice("positions", positions, POSITIONS)
     validation.boolean("use_cache", use_cache)
@@ -160,19 +159,14 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
     for name, tensor in (("attention_mask", attention_mask), ("position_ids", position_ids)):
         if tensor is not None:
             validation.tensor(name, tensor, kind="int", ndim=2, shape="[batch, tokens]")
-            if tensor.shape[0] != ids.shape[0]:
-                raise ValueError(f"{name} must have one row per sequence ({ids.shape[0]}), got shape "
+            if tensor.shape[0] != token_ids.shape[0]:
+                raise ValueError(f"{name} must have one row per sequence ({token_ids.shape[0]}), got shape "
                                  f"{tuple(tensor.shape)}")
             kwargs[name] = tensor.to(home)
     decoder = decoder_for(lm, module, cache, use_cache)  # labkit's Llama forward, or None for transformers'
     if decoder is not None:
         with torch.inference_mode():
-            return Forward(*run(decoder, ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
-                                _on(position_ids, home)))
-    decoder = decoder_for(lm, module, cache, use_cache)  # labkit's Llama forward, or None for transformers'
-    if decoder is not None:
-        with torch.inference_mode():
-            return Forward(*run(decoder, ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
+            return Forward(*run(decoder, token_ids.to(home), cache, positions, use_cache, _on(attention_mask, home),
                                 _on(position_ids, home)))
     if use_cache:
         keyword = "cache" if "cache" in parameters else "past_key_values"
@@ -182,7 +176,7 @@ def forward(lm: Any, ids: torch.Tensor, cache: Any = None, *, positions: str | i
         if keep is not None:
             kwargs[keep] = 1 if positions == "last" else positions
     with torch.inference_mode():
-        output = module(ids.to(home), **kwargs)
+        output = module(token_ids.to(home), **kwargs)
         logits = output.logits  # [batch, seq_len (or 1), vocab]
         if positions == "last":
             logits = logits[:, -1, :]
@@ -195,13 +189,9 @@ def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | Non
     return None if tensor is None else tensor.to(device)
 
 
-def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return None if tensor is None else tensor.to(device)
-
-
-def prefill(lm: Any, ids: torch.Tensor, *, device: Any = None) -> Forward:
+def prefill(lm: Any, token_ids: torch.Tensor, *, device: Any = None) -> Forward:
     """Run the prompt ``[batch, prompt_len]`` once: (last position's logits ``[batch, vocab]``, a new cache)."""
-    return forward(lm, ids, positions="last", device=device)
+    return forward(lm, token_ids, positions="last", device=device)
 
 
 def decode_one_token(lm: Any, token_ids: torch.Tensor, cache: Any, *, device: Any = None) -> Forward:
@@ -212,9 +202,9 @@ def decode_one_token(lm: Any, token_ids: torch.Tensor, cache: Any, *, device: An
     return forward(lm, token_ids, cache, positions="last", device=device)
 
 
-def full_logits(lm: Any, ids: torch.Tensor, *, device: Any = None) -> torch.Tensor:
+def full_logits(lm: Any, token_ids: torch.Tensor, *, device: Any = None) -> torch.Tensor:
     """Logits of every position without a cache, ``[batch, seq_len, vocab]`` (the reference the cache must match)."""
-    return forward(lm, ids, positions="all", use_cache=False, device=device).logits
+    return forward(lm, token_ids, positions="all", use_cache=False, device=device).logits
 
 
 def verify(lm: Any, cache: Any, last_ids: torch.Tensor, draft_ids: torch.Tensor, *, device: Any = None) -> Forward:

@@ -57,19 +57,18 @@ def next_tokens(logits: torch.Tensor, settings: dict, generator: torch.Generator
     return sampling.sample(sampling.sampling_probs(logits, **settings), generator=generator)
 
 
-def _check_arguments(input_ids: Any, max_new_tokens: Any, seed: Any) -> None:
-    validation.tensor("input_ids", input_ids, kind="int", ndim=2, shape="[batch, prompt_len]",
-                      nonempty=True)
+def _check_arguments(token_ids: Any, max_new_tokens: Any, seed: Any) -> None:
+    validation.tensor("token_ids", token_ids, kind="int", ndim=2, shape="[batch, prompt_len]", nonempty=True)
     validation.integer("max_new_tokens", max_new_tokens, min=0)
     validation.integer("seed", seed, optional=True)
 
 
-def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+def generate(lm: Any, token_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, order: str = "temperature_first",
              seed: int | None = None, eos_token_id: int | None = None, use_cache: bool = True,
              keep_logits: bool = False, on_step: Callable[[StepInfo], Any] | None = None,
              device: Any = None) -> Generation:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (``[batch, prompt_len]``).
+    """Generate up to ``max_new_tokens`` tokens after ``token_ids`` (``[batch, prompt_len]``).
 
     ``temperature=0`` (the default) is greedy. Sampling draws from ``labkit.core.sampling.sampling_probs`` with the
     given filters; ``seed`` makes the draws reproducible (``None`` uses torch's global generator). Once a
@@ -81,11 +80,10 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
     ``device`` is where the model runs (default: where it is); sampling happens on the CPU, so a seed gives the
     same tokens whatever the device.
     """
-    _check_arguments(input_ids, max_new_tokens, seed)
+    _check_arguments(token_ids, max_new_tokens, seed)
     settings = sampling.check_settings(temperature, top_k, top_p, min_p, order)  # the same errors as sampling's
     generator = None if seed is None else torch.Generator().manual_seed(seed)
-    batch_size, prompt_len = input_ids.shape
-    token_ids = input_ids
+    batch_size, prompt_len = token_ids.shape
     finished = torch.zeros(batch_size, dtype=torch.bool)
     kept: list[torch.Tensor] = []
     cache = None
@@ -95,11 +93,11 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
         for step in range(max_new_tokens):
             started = time.perf_counter()
             if not use_cache:
-                logits = full_logits(model, token_ids, device=device)[:, -1, :]
+                logits = full_logits(lm, token_ids, device=device)[:, -1, :]
             elif step == 0:
-                logits, cache = prefill(model, token_ids, device=device)
+                logits, cache = prefill(lm, token_ids, device=device)
             else:
-                logits, cache = decode_one_token(model, token_ids[:, -1:], cache, device=device)
+                logits, cache = decode_one_token(lm, token_ids[:, -1:], cache, device=device)
             logits = logits.cpu()  # [batch, vocab]; a no-op on the CPU
             if keep_logits:
                 kept.append(logits)
@@ -109,7 +107,7 @@ def generate(model: Any, input_ids: torch.Tensor, max_new_tokens: int, *, temper
                 finished = finished | (chosen == eos_token_id)
             token_ids = torch.cat([token_ids, chosen.unsqueeze(1)], dim=1)
             if on_step is not None:
-                synchronize(device if device is not None else model_device(model))
+                synchronize(device if device is not None else model_device(lm))
                 on_step(StepInfo(step, chosen, time.perf_counter() - started,
                                  cache_length(cache) if cache is not None else 0))
             if bool(finished.all()):
@@ -162,7 +160,7 @@ def first_divergence(a: Sequence[int] | torch.Tensor, b: Sequence[int] | torch.T
     return None if len(left) == len(right) else min(len(left), len(right))
 
 
-def greedy_margins(model: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Tensor, *,
+def greedy_margins(lm: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Tensor, *,
                    device: Any = None) -> torch.Tensor:
     """Each generated token's logit margin over the best other token, ``[batch, n_new]``, from one uncached pass.
 
@@ -178,6 +176,6 @@ def greedy_margins(model: Any, prompt_ids: torch.Tensor, new_token_ids: torch.Te
                               tuple(new_token_ids.shape))
     prompt_len, n_new = prompt_ids.shape[1], new_token_ids.shape[1]
     everything = torch.cat([prompt_ids, new_token_ids.to(prompt_ids.device)], dim=1)
-    logits = full_logits(model, everything, device=device)  # [batch, prompt_len + n_new, vocab]
+    logits = full_logits(lm, everything, device=device)  # [batch, prompt_len + n_new, vocab]
     deciding = logits[:, prompt_len - 1 : prompt_len - 1 + n_new]  # the positions that chose each new token
     return distribution.choice_margin(deciding, new_token_ids.to(deciding.device))

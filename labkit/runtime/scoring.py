@@ -56,46 +56,46 @@ def next_token_scores(lm: Any, prompt: str, chat: bool = True, n_show: int = 12)
     return NextTokenScores(prompt, token_ids, logits.clone(), tuple(ranked), texts, model_probs)
 
 
-def _pass_logits(model: Any, token_ids: torch.Tensor, piece: Window, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _pass_logits(lm: Any, token_ids: torch.Tensor, piece: Window, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits [n_targets, vocab], targets [n_targets]) of one window, in float32, where the model runs."""
     inputs = token_ids[piece.input_start : piece.input_end].unsqueeze(0)  # [1, seq_len]
-    if isinstance(model, ScoringModel):  # the same passes, shared with whoever else asked for them
-        logits = model.logits(inputs[0])
+    if isinstance(lm, ScoringModel):  # the same passes, shared with whoever else asked for them
+        logits = lm.logits(inputs[0])
     else:
-        logits = full_logits(model, inputs, device=device)[0]  # [seq_len, vocab]
+        logits = full_logits(lm, inputs, device=device)[0]  # [seq_len, vocab]
     first = piece.targets_start - 1 - piece.input_start  # the output that predicts targets_start
     return logits[first:], token_ids[piece.targets_start : piece.input_end + 1].to(logits.device)
 
 
 class ScoringModel:
-    """A model seen as one function: ``logits(ids)`` gives every position's logits of one piece of text.
+    """A model seen as one function: ``logits(token_ids)`` gives every position's logits of one piece of text.
 
     ``ids`` is ``[seq_len]`` (token ids, ``torch.long``); the result is ``[seq_len, vocab]`` float32 on the CPU,
-    row ``t`` scoring the token at ``t + 1``: one forward pass, no cache. ``model`` is a LoadedModel or a
+    row ``t`` scoring the token at ``t + 1``: one forward pass, no cache. ``lm`` is a LoadedModel or a
     transformers causal LM; without one, the embedded model, loaded at the first pass. The last ``memory``
-    results are kept (keyed by the ids), so the same piece asked twice runs the model once: a grader's reference
+    results are kept (keyed by the token ids), so the same piece asked twice runs the model once: a grader's reference
     and a learner's function that read the same windows share their passes. ``copy.deepcopy`` gives the same
     object: it stands for a model, which is not copied.
     """
 
-    def __init__(self, model: Any = None, memory: int = 48):
-        self.model = model
+    def __init__(self, lm: Any = None, memory: int = 48):
+        self.lm = lm
         self.memory = memory
         self._kept: OrderedDict[tuple[int, ...], torch.Tensor] = OrderedDict()
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """Every position's logits ``[seq_len, vocab]`` of ``ids`` ``[seq_len]`` (one pass, no cache)."""
-        tensor("ids", ids, kind="int", ndim=1, shape="[seq_len]", nonempty=True)
-        key = tuple(ids.tolist())
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Every position's logits ``[seq_len, vocab]`` of ``token_ids`` ``[seq_len]`` (one pass, no cache)."""
+        tensor("token_ids", token_ids, kind="int", ndim=1, shape="[seq_len]", nonempty=True)
+        key = tuple(token_ids.tolist())
         if key in self._kept:
             self._kept.move_to_end(key)
             return self._kept[key].clone()
-        if self.model is None:
+        if self.lm is None:
             from labkit.runtime.models import load_model
 
-            self.model = load_model(progress=False)
+            self.lm = load_model(progress=False)
         with torch.inference_mode():
-            logits = full_logits(self.model, ids.unsqueeze(0))[0].float().cpu()  # [seq_len, vocab]
+            logits = full_logits(self.lm, token_ids.unsqueeze(0))[0].float().cpu()  # [seq_len, vocab]
         self._kept[key] = logits
         while len(self._kept) > self.memory:
             self._kept.popitem(last=False)
@@ -105,11 +105,11 @@ class ScoringModel:
         return self
 
     def __repr__(self) -> str:
-        name = "the embedded model" if self.model is None else getattr(self.model, "name", type(self.model).__name__)
+        name = "the embedded model" if self.lm is None else getattr(self.lm, "name", type(self.lm).__name__)
         return f"ScoringModel({name})"
 
 
-def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
+def score_text(lm: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
                temperatures: tuple[float, ...] = (), truncations: dict[str, dict] | None = None,
                progress: bool = True, device: Any = None) -> TextScore:
     """Score every token of a text (from position 1) with a causal LM, in windows (:func:`score_windows`).
@@ -118,8 +118,8 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
     target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
     setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
-    token_ids: ``[n_tokens]``. ``model``: a LoadedModel, a transformers causal LM or a :class:`ScoringModel`. The statistics are computed
-    where the model runs (``device``, default its own) and returned on the CPU.
+    ``token_ids``: ``[n_tokens]``. ``lm``: a LoadedModel, a transformers causal LM or a :class:`ScoringModel`. The
+    statistics are computed where the model runs (``device``, default its own) and returned on the CPU.
     """
     from tqdm.auto import tqdm
 
@@ -138,7 +138,7 @@ def score_text(model: Any, token_ids: torch.Tensor, window: int = 512, stride: i
     passes = score_windows(n_tokens, window, stride)
     with torch.inference_mode():
         for piece in tqdm(passes, desc="scoring windows", unit="window", disable=not progress):
-            logits, targets = _pass_logits(model, token_ids, piece, device)
+            logits, targets = _pass_logits(lm, token_ids, piece, device)
             span = slice(piece.targets_start, piece.input_end + 1)
             log_probs = torch.log_softmax(logits, dim=-1)  # [n, vocab]
             surprisal[span] = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu()

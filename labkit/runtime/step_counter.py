@@ -19,7 +19,7 @@ from labkit.runtime.models import load_model
 class StepCounter:
     """The two passes of a KV-cached generation loop on one model, counted (and capped) for an exercise.
 
-    ``prefill(ids)`` runs the prompt ``[batch, prompt_len]`` once and returns ``(logits, cache)`` with every prompt
+    ``prefill(token_ids)`` runs the prompt ``[batch, prompt_len]`` once and returns ``(logits, cache)`` with every prompt
     position's logits, ``[batch, prompt_len, vocab]``, as a model's forward pass gives them (the caller picks the
     position that predicts the next token); ``decode_one_token(token_ids, cache)`` feeds one new token per sequence
     (``[batch, 1]``) after the cached prefix and returns ``(logits [batch, 1, vocab], cache)``. ``prefill_calls`` and
@@ -43,7 +43,7 @@ class StepCounter:
             return self._lm
         return load_model(progress=False)  # loaded once per process, then reused
 
-    def prefill(self, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def prefill(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Run the prompt once: (every position's logits ``[batch, prompt_len, vocab]``, a new cache)."""
         if self.max_prefill_calls is not None and self.prefill_calls >= self.max_prefill_calls:
             raise RuntimeError(f"prefill ran {self.prefill_calls + 1} times, at most {self.max_prefill_calls} "
@@ -51,7 +51,7 @@ class StepCounter:
                                "token to decode_one_token (the cache holds everything before it)")
         self.prefill_calls += 1
         with torch.inference_mode():
-            logits, cache = forward(self._model(), ids, positions="all")
+            logits, cache = forward(self._model(), token_ids, positions="all")
         return logits, cache
 
     def decode_one_token(self, token_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
