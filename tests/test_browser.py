@@ -4,22 +4,22 @@ For each notebook: open it in a fresh workspace, Run All, wait for the kernel to
 browser-console error. For each explorer found on the page: every kind of control (slider by keyboard,
 dropdown, toggle, button) changes the picture and the numbers; and at 1280x800 with the file browser open and
 at 1024x768 with it closed, every readout and handle is on top, no label is cut, images keep their aspect, the
-explorer fits the output area, and its controls and figure fit one screen. Screenshots: build/browser/.
+explorer fits the output area, and its controls and figure fit one screen. Every picture has a text alternative
+(an ``<img alt>``, or an explorer's caption) that is not empty, and an explorer's text changes whenever its picture
+does. Screenshots: build/browser/.
 
-Run as the second half of ``make test``, or alone with ``make test-browser`` (about 4 minutes here); skipped,
-saying why, where Chromium or Playwright is missing. The timings are ``python -m benchmarks browser``'s business, never asserted here.
+Run as the second half of ``make test``, or alone with ``make test-browser`` (two notebooks at a time, each
+pytest-xdist worker with its own JupyterLab and Chromium; each notebook's kernel is shut down when its test ends);
+skipped, saying why, where Chromium or Playwright is missing. The harness is ``tests/browser_harness.py``. The
+timings are ``python -m benchmarks browser``'s business, never asserted here.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package beside tests/
-
-from benchmarks import browser  # noqa: E402
+import browser_harness as browser
+from labkit.explorers.canvas import CAPTION_CLASS
 
 pytestmark = pytest.mark.browser
 
@@ -31,6 +31,7 @@ def lab():
     reason = browser.missing()
     if reason:
         pytest.skip(reason)
+    assert browser.CAPTION == CAPTION_CLASS, "the harness looks for another caption class than labkit draws"
     from playwright.sync_api import sync_playwright
 
     with browser.JupyterLab(NOTEBOOKS) as server, sync_playwright() as playwright:
@@ -55,6 +56,9 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
         assert not errors, errors
         stderr = [f"cell {o['cell']}: {o['text'][:200]!r}" for o in outputs if o.get("name") == "stderr"]
         assert not stderr, f"the learner sees warnings or progress bars: {stderr}"
+        pictures = browser.picture_texts(page)
+        silent = [f"cell {p['cell']}" for p in pictures if not p["alt"]]
+        assert not silent, f"pictures without a text alternative: {silent}"
 
         roots = browser.explorers(page)
         saved = browser.saved_explorer_outputs(notebook)
@@ -72,6 +76,9 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
             moves = browser.drive(page, root, slider_moves=8)
             silent = [m for m in moves if not (m.picture_changed or m.numbers_changed)]
             assert not silent, f"controls that changed nothing: {silent}"
+            # The picture's text follows the picture: never empty, and new whenever the picture is.
+            stale = [(m.kind, m.name, m.alt[:80]) for m in moves if not m.alt or m.picture_changed and not m.alt_changed]
+            assert not stale, f"picture text empty, or unchanged while the picture changed: {stale}"
             for kind in {m.kind for m in moves} - {"button"}:
                 assert any(m.picture_changed and m.numbers_changed for m in moves if m.kind == kind), (kind, moves)
             if any(m.kind == "button" for m in moves):
@@ -79,4 +86,4 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
             assert sum(m.kind == "slider" for m in moves) >= 2 * len(root.locator(".widget-slider").all())
         assert not log.errors, f"browser console: {log.errors}"
     finally:
-        page.close()
+        browser.close_notebook(page)
