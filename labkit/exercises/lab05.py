@@ -22,7 +22,7 @@ from labkit.exercises.random_cases import random_spec
 from labkit.core.memory import GB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
 from labkit.core.paging import EVENT_KINDS, replay_block_events
 from labkit.core.presets import gpu_preset, model_preset
-from labkit.core.spec import ModelSpec
+from labkit.core.spec import ModelSpec, with_attention
 
 # What the learner may use: the spec's fields and properties, and the unit conversions (GB, GIB are constants).
 _ALLOWED = (ModelSpec, to_gib, to_gb)
@@ -291,17 +291,28 @@ PREDICT_KV = prediction(
     hint="return a number of GiB; which two fields give the width of the cached keys of one layer?")
 
 
-def gqa_multiplier() -> float:
-    """Llama-3-8B's KV cache as a fraction of the same model with one KV head per query head."""
-    as_if_mha = dataclasses.replace(LLAMA_8B, n_kv_heads=LLAMA_8B.n_heads)
-    return kv_cache_bytes(LLAMA_8B, 1, 1) / kv_cache_bytes(as_if_mha, 1, 1)
+SERVED = (16, 8192)  # the prediction's batch: 16 sequences of 8,192 tokens
+
+
+def gqa_memory_fraction() -> float:
+    """Llama-3-8B in BF16 serving 16 x 8,192 tokens: weights + KV cache as built (8 KV heads), as a fraction of
+    the same model with multi-head attention (32 KV heads, so key and value projections four times wider).
+
+    The cache alone shrinks to 8/32 = 0.25; the weights barely change, so the whole shrinks far less (0.385).
+    """
+    def weights_and_cache(spec: ModelSpec) -> int:
+        return weights_bytes(spec, "bf16") + kv_cache_bytes(spec, *SERVED, "bf16")
+
+    return weights_and_cache(LLAMA_8B) / weights_and_cache(with_attention(LLAMA_8B, "MHA"))
 
 
 PREDICT_GQA = prediction(
-    "05.predict_gqa_multiplier", "Predict: Llama-3-8B's KV cache as a fraction of full multi-head attention's",
-    "predicted_gqa_multiplier", gqa_multiplier, atol=0.005,
-    asked="Llama-3-8B (32 query heads, 8 KV heads) against the same shape with 32 KV heads (within 0.005)",
-    hint="return a fraction such as 0.5; which heads does the cache store?")
+    "05.predict_gqa_multiplier", "Predict: what grouped-query attention leaves of Llama-3-8B's weights + KV cache",
+    "predicted_gqa_multiplier", gqa_memory_fraction, atol=0.02,
+    asked="Llama-3-8B in BF16, 16 x 8,192 tokens: weights + KV cache with 8 KV heads as a fraction of the same "
+          "with 32 (within 0.02)",
+    hint="return a fraction such as 0.5; which of the two parts does the number of KV heads change, and how "
+         "large is each?")
 
 
 def fewest_h100s_fp16_chunked() -> int:
@@ -341,9 +352,10 @@ def _random_events_case(generator: torch.Generator) -> Case:
     return Case((events, n_blocks, block_size), label="a random stream of events")
 
 
-def _replay_with(events, n_blocks, block_size, *, blocks_for=None, keep_freed=False, fresh_ids=False,
-                 partial=False, waste="last block"):
-    """replay_block_events written the way a learner would, with one judgement changed by a flag."""
+def replay_with_mistake(events, n_blocks, block_size, *, blocks_for=None, keep_freed=False, fresh_ids=False,
+                        partial=False, waste="last block"):
+    """replay_block_events written the way a learner would, with one judgement changed by a flag (the default
+    flags change nothing). The bug zoo below and its test (tests/test_exercises_lab05.py) both use this one copy."""
     blocks_for = blocks_for or (lambda n: -(-n // block_size))
     pool, tables, tokens, refused, next_id, event_waste = list(range(n_blocks)), {}, {}, [], 0, 0
     n_free = n_blocks
@@ -387,39 +399,39 @@ def _replay_with(events, n_blocks, block_size, *, blocks_for=None, keep_freed=Fa
 
 
 def _floor_blocks(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n // block_size)
+    return replay_with_mistake(events, n_blocks, block_size, blocks_for=lambda n: n // block_size)
 
 
 def _new_block_when_full(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n // block_size + 1)
+    return replay_with_mistake(events, n_blocks, block_size, blocks_for=lambda n: n // block_size + 1)
 
 
 def _block_per_token(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, blocks_for=lambda n: n)
+    return replay_with_mistake(events, n_blocks, block_size, blocks_for=lambda n: n)
 
 
 def _keeps_freed_table(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, keep_freed=True)
+    return replay_with_mistake(events, n_blocks, block_size, keep_freed=True)
 
 
 def _never_reuses(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, fresh_ids=True)
+    return replay_with_mistake(events, n_blocks, block_size, fresh_ids=True)
 
 
 def _partial_allocation(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, partial=True)
+    return replay_with_mistake(events, n_blocks, block_size, partial=True)
 
 
 def _waste_per_event(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, waste="per event")
+    return replay_with_mistake(events, n_blocks, block_size, waste="per event")
 
 
 def _waste_filled_slots(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, waste="filled")
+    return replay_with_mistake(events, n_blocks, block_size, waste="filled")
 
 
 def _waste_whole_pool(events, n_blocks, block_size):
-    return _replay_with(events, n_blocks, block_size, waste="whole pool")
+    return replay_with_mistake(events, n_blocks, block_size, waste="whole pool")
 
 
 def _case(events, n_blocks, block_size, label):
