@@ -13,7 +13,7 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test test-suite notebooks bench clean-cache chromium test-browser colab-check bubblewrap
+.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap
 
 setup: $(STAMP) bubblewrap
 
@@ -35,14 +35,24 @@ lab: setup
 
 # Notebooks run in parallel, one notebook per worker (--dist loadscope keeps its cells together), each worker and
 # each solution notebook's kernel with one thread (tests/conftest.py); learner notebooks keep the default thread
-# count, so every checked output is proven at two thread counts.
+# count, so every checked output is proven at two thread counts. --no-loadscope-reorder hands the files out in
+# tests/conftest.py's order, longest first (xdist's own order is by number of tests), so no long file starts last.
+# --durations prints the slowest tests, so a regression shows in every run.
 TEST_JOBS ?= auto
+NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 test: test-suite test-browser
 
 test-suite: setup
 	# Convert the embedded model once, before parallel workers and notebook kernels would each try to.
 	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
-	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --durations 15 -m "not browser" --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(PY) -m pytest -n $(TEST_JOBS) --maxprocesses 4 --dist loadscope --no-loadscope-reorder --durations 15 -m "not browser" $(NBVAL)
+
+# The contributor's loop (README, "Two commands"): unit tests and doctests but the slow ones (marker `slow`), and the
+# notebooks the change touches (tests/touched_notebooks.py; LABS="02 04" names them instead).
+quick: setup
+	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
+	$(PY) -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations 10 -m "not slow and not browser" $(NBVAL) \
+	  tests labkit $$($(PY) tests/touched_notebooks.py)
 
 # Instructor: regenerate learner notebooks from notebooks/solutions and execute both so they carry outputs.
 notebooks: setup

@@ -12,6 +12,7 @@ counts) after checking that every compared greedy step is decided by a margin fa
 """
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -75,3 +76,58 @@ def tiny():
 def lm(request):
     """Each model-level property once on the tiny Llama and once on the embedded model (runtime tests)."""
     return request.getfixturevalue(request.param)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Markers and order. Every item gets a lab marker when it belongs to one lab (lab00 .. lab07: its notebooks, its
+# exercises, its explorer, a notebook-parametrized check), `notebook` when it is a notebook cell under nbval, and
+# `slow` when its file is one of SLOW (measured above ~10 s of CPU alone). `make quick` runs -m "not slow and not
+# browser" plus the notebooks a change touches. Under xdist (--dist loadscope --no-loadscope-reorder) the scopes
+# are handed out in collection order, so the longest ones go first: two workers then end together instead of one
+# finishing a 3-minute file alone at the end.
+
+EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "04", "memory": "05", "timing": "06",
+                 "speculative": "07"}
+SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading.py", "tests/test_reveals.py",
+        "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
+        "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
+        "tests/test_packaging.py::test_lab_command_serves_the_notebooks_on_localhost", "tests/test_browser.py")
+# Longest first: the attack suite's class (about 3 minutes), then lab 02's notebooks and the other long files.
+FIRST = ("tests/test_instructor_grading_attacks.py", "notebooks/solutions/02_", "notebooks/02_",
+         "tests/test_instructor_grading.py", "tests/test_reveals.py", "notebooks/solutions/04_", "notebooks/04_",
+         "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",
+         "notebooks/solutions/05_", "notebooks/05_", "notebooks/solutions/07_", "notebooks/07_",
+         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
+         "notebooks/solutions/", "notebooks/", "tests/test_packaging.py")
+
+
+def lab_of(nodeid: str) -> str | None:
+    """The lab ("02") an item belongs to, from its node id, or None for a cross-cutting one.
+
+    >>> [lab_of(n) for n in ("notebooks/solutions/02_loss_perplexity.ipynb::Cell 3", "tests/test_exercises_lab05.py::t",
+    ...                      "tests/test_explorer_timing_figures.py::t", "tests/test_reveals.py::t[01.nucleus_order]",
+    ...                      "tests/test_figures.py::t[solutions/04_outliers_quantization.ipynb]", "tests/test_core_loss.py::t")]
+    ['02', '05', '06', '01', '04', None]
+    """
+    path, _, rest = nodeid.partition("::")
+    if match := re.search(r"(?:^|/)(0[0-7])_\w+\.ipynb$", path) or re.search(r"test_exercises_lab(0[0-7])\.py$", path):
+        return match.group(1)
+    if match := re.search(r"test_explorer_([a-z]+)", path):
+        return EXPLORER_LABS.get(match.group(1))
+    match = re.search(r"\[(?:[^\]]*/)?(0[0-7])[._]", rest)
+    return match.group(1) if match else None
+
+
+def _rank(nodeid: str) -> int:
+    return next((rank for rank, prefix in enumerate(FIRST) if nodeid.startswith(prefix)), len(FIRST))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if (lab := lab_of(item.nodeid)) is not None:
+            item.add_marker(getattr(pytest.mark, f"lab{lab}"))
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.notebook)
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: the order inside a scope is kept
