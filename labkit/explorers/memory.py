@@ -139,7 +139,7 @@ class MemoryFigure:
     """A horizontal stacked bar against the GPU's capacity, its key in the picture, drawn once and moved by
     ``render``."""
 
-    def __init__(self, width_in: float = 6.0, height_in: float = 2.0, dpi: int = 80):
+    def __init__(self, width_in: float = 5.5, height_in: float = 2.0, dpi: int = 80):
         from labkit.explorers.canvas import readable
 
         self.canvas = FigureCanvas(width_in, height_in, dpi, layout=None)

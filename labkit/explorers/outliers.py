@@ -57,8 +57,8 @@ class OutlierFigure:
     RANGE = (1e-3, 1e5)  # y range of the middle panel
     SQNR_RANGE = (-5.0, 65.0)  # dB, the lower panel (an exact scheme is drawn at the top)
 
-    # 496 x 496 px: beside the 360 px controls at 1024 px wide, with every text at 11 px (canvas.MIN_TEXT_PX).
-    def __init__(self, width_in: float = 6.2, height_in: float = 6.2, dpi: int = 80):
+    # 460 x 480 px: beside the 360 px controls at 1024 px wide (an 860 px output area), every text at 11 px.
+    def __init__(self, width_in: float = 5.75, height_in: float = 6.0, dpi: int = 80):
         from matplotlib.colors import Normalize
 
         from labkit.explorers.canvas import FigureCanvas, readable
