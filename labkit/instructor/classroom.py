@@ -191,8 +191,8 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
     from labkit.instructor.results import secret_identity
 
     prepare_model_cache()  # once on this machine, before any local worker starts
-    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp,
-                     dashboard=dashboard) as (client, encrypted):
+    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp) as (client,
+                                                                                                 encrypted):
         expected = machine_identity()
         if not encrypted and worker_secret_file is None:
             raise ValueError("over a plain-TCP scheduler the secret does not travel: give worker_secret_file "

@@ -203,9 +203,10 @@ def _stop_sandboxes() -> int:
 
 @contextlib.contextmanager
 def open_client(jobs: int, scheduler: str | None = None, *, security: Security | None = None,
-                insecure_plain_tcp: bool = False, dashboard: bool = True) -> Iterator[tuple[Client, bool]]:
+                insecure_plain_tcp: bool = False) -> Iterator[tuple[Client, bool]]:
     """A client of a local cluster of ``jobs`` single-threaded worker processes (TLS on loopback with certificates
-    made for this run, the nanny's memory limit off), or of the running scheduler at ``scheduler``.
+    made for this run, the nanny's memory limit off, its dashboard on a free port), or of the running scheduler
+    at ``scheduler``.
     Yields (client, whether the connection is encrypted)."""
     import logging
 
@@ -215,7 +216,7 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
             cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, memory_limit=0,
                                    security=Security.temporary(), protocol="tls://", host="127.0.0.1",
-                                   dashboard_address="127.0.0.1:0" if dashboard else None,
+                                   dashboard_address="127.0.0.1:0",
                                    silence_logs=logging.ERROR)
         try:
             with Client(cluster) as client:

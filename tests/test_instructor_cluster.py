@@ -1,0 +1,242 @@
+"""labkit.instructor.cluster: a class graded through a real Dask scheduler and worker processes on loopback (#34).
+
+The test starts ``dask scheduler`` and two ``dask worker`` processes (each with its nanny) and stops them by their
+process ids. The mechanics (a worker killed mid-run, a client killed mid-run, refusals) use the stand-in grader of
+tests/grading_standins.py; one small class of real notebooks goes through the walled grader, on the cluster and on
+a local cluster, and must give the same gradebook byte for byte.
+"""
+
+import contextlib
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grading_standins import standin_grader, standin_notebook
+from labkit.instructor import classroom, cluster
+from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.sandbox import isolation_problem
+
+HERE = Path(__file__).resolve().parent
+DASK = str(Path(sys.executable).with_name("dask"))
+SECRET = b"cluster secret"
+ALLOWED_FAILURES = 1  # the scheduler's: a submission whose worker dies twice is reported
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+                   "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES), **env}
+    with open(log, "ab") as output:
+        return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, env=environment,
+                                start_new_session=True)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a process we started, by its id (its session: a nanny and its worker)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=15)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _scheduler(tmp: Path, name: str) -> tuple[str, list[subprocess.Popen]]:
+    port = _free_port()
+    process = _start([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+                     tmp / f"{name}.log")
+    return f"tcp://127.0.0.1:{port}", [process]
+
+
+def _worker(address: str, tmp: Path, name: str, *extra: str, **env: str) -> subprocess.Popen:
+    return _start([DASK, "worker", address, "--nthreads", "1", "--memory-limit", "0", "--no-dashboard",
+                   "--name", name, *extra], tmp / f"{name}.log", **env)
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """A scheduler and two workers on loopback, plain TCP (allowed on loopback): the secret is read from a file."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    (tmp / "secret").write_bytes(SECRET)
+    address, processes = _scheduler(tmp, "scheduler")
+    processes += [_worker(address, tmp, f"worker-{i}") for i in range(2)]
+    try:
+        from distributed import Client
+
+        with Client(address, timeout=120) as client:
+            client.wait_for_workers(2, timeout=300)
+        yield {"address": address, "tmp": tmp, "secret_file": tmp / "secret"}
+    finally:
+        for process in processes:
+            _stop(process)
+
+
+def _class(folder: Path, n: int, log: Path, **standin) -> dict[str, str]:
+    """n learners, every third one wrong; learner -> the total the gradebook must show."""
+    expected = {}
+    for i in range(n):
+        right = i % 3 != 0
+        nbformat.write(standin_notebook(f"{'right' if right else 'wrong'} {i}", log=str(log), **standin),
+                       folder / f"l{i:02d}.ipynb")
+        expected[f"l{i:02d}"] = "2" if right else "0"
+    return expected
+
+
+def _rows(out: Path) -> dict[str, dict[str, str]]:
+    with open(out / "gradebook.csv", newline="") as file:
+        return {row["learner"]: row for row in csv.DictReader(file)}
+
+
+def _on_cluster(scheduler, **options):
+    return {"scheduler": scheduler["address"], "worker_secret_file": scheduler["secret_file"], "secret": SECRET,
+            "grader": standin_grader, "progress": None, **options}
+
+
+def test_a_worker_killed_mid_run_loses_nothing_and_changes_no_grade(scheduler, tmp_path):
+    from distributed import Client
+
+    folder, out, log = tmp_path / "class", tmp_path / "out", tmp_path / "graded.log"
+    folder.mkdir()
+    expected = _class(folder, 16, log, sleep=1.0)
+    nbformat.write(standin_notebook("right but kills its worker", die="always"), folder / "zed.ipynb")
+    run = threading.Thread(target=classroom.grade_class, args=(folder, out), kwargs=_on_cluster(scheduler))
+    run.start()
+    deadline = time.monotonic() + 300
+    while len(list((out / "results").glob("*.json"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with Client(scheduler["address"]) as client:
+        pids = client.run(os.getpid)
+    os.kill(sorted(pids.values())[0], signal.SIGKILL)  # one worker process, by its id, mid-run
+    run.join(timeout=600)
+    assert not run.is_alive()
+    rows = _rows(out)
+    assert {learner: row["total"] for learner, row in rows.items() if learner != "zed"} == expected
+    assert rows["zed"]["notes"].startswith(f"zed.ipynb could not be graded: its worker died {ALLOWED_FAILURES + 1} "
+                                           "times")
+    assert sorted(set(log.read_text().split("\n")) - {""}) == sorted(
+        f"{'right' if t == '2' else 'wrong'} {int(l[1:])}" for l, t in expected.items())
+
+
+RESUMABLE_RUN = """
+import sys
+from pathlib import Path
+from grading_standins import standin_grader
+from labkit.instructor import classroom
+classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), scheduler=sys.argv[3], worker_secret_file=Path(sys.argv[4]),
+                      secret=b"cluster secret", grader=standin_grader, progress=None)
+"""
+
+
+def test_a_client_killed_mid_run_resumes_with_only_what_was_missing(scheduler, tmp_path):
+    folder, out, log = tmp_path / "class", tmp_path / "out", tmp_path / "graded.log"
+    folder.mkdir()
+    expected = _class(folder, 12, log, sleep=1.0)
+    client = _start([sys.executable, "-c", RESUMABLE_RUN, str(folder), str(out), scheduler["address"],
+                     str(scheduler["secret_file"])], tmp_path / "client.log")
+    deadline = time.monotonic() + 300
+    while len(list((out / "results").glob("*.json"))) < 4:
+        assert client.poll() is None and time.monotonic() < deadline, (tmp_path / "client.log").read_text()[-2000:]
+        time.sleep(0.2)
+    _stop(client)  # killed by its id mid-run
+    stored = len(list((out / "results").glob("*.json")))
+    assert 4 <= stored < 12
+    time.sleep(2)  # what its workers were running when it died ends (Dask drops a lost client's tasks)
+    before = log.read_text().splitlines()
+    classroom.grade_class(folder, out, **_on_cluster(scheduler))
+    graded_again = log.read_text().splitlines()[len(before):]
+    assert len(graded_again) == 12 - stored and not set(graded_again) & set(before[:stored])
+    assert {learner: row["total"] for learner, row in _rows(out).items()} == expected
+    gradebook = (out / "gradebook.csv").read_bytes()
+    classroom.grade_class(folder, out, **_on_cluster(scheduler))  # complete: nothing graded, the same bytes
+    assert log.read_text().splitlines()[len(before) + len(graded_again):] == []
+    assert (out / "gradebook.csv").read_bytes() == gradebook
+
+
+PRELOAD = "import labkit\nlabkit.__version__ = '0.0.0-other'\n"
+
+
+def test_workers_without_the_wall_or_with_another_labkit_are_refused_with_the_reason(tmp_path):
+    address, processes = _scheduler(tmp_path, "scheduler")
+    (tmp_path / "other_version.py").write_text(PRELOAD)
+    (tmp_path / "secret").write_bytes(SECRET)
+    venv_only = str(Path(sys.executable).parent)  # no /usr/bin: no bwrap on this worker's PATH
+    processes += [_worker(address, tmp_path, "no-wall", PATH=venv_only),
+                  _worker(address, tmp_path, "other-labkit", "--preload", str(tmp_path / "other_version.py"))]
+    nbformat.write(standin_notebook("right"), tmp_path / "ana.ipynb")
+    lines = []
+    try:
+        from distributed import Client
+
+        with Client(address, timeout=120) as client:
+            client.wait_for_workers(2, timeout=300)
+        with pytest.raises(cluster.NoUsableWorkers) as refused:
+            classroom.grade_class(tmp_path, tmp_path / "out", scheduler=address, secret=SECRET, progress=lines.append,
+                                  worker_secret_file=tmp_path / "secret", grader=standin_grader)
+    finally:
+        for process in processes:
+            _stop(process)
+    message = str(refused.value)
+    assert "it cannot wall off submissions: bubblewrap is not installed" in message
+    assert "labkit 0.0.0-other here, " in message and "on the client" in message
+    assert sum("refused to grade" in line for line in lines) == 2
+    assert not (tmp_path / "out" / "results").exists()  # nothing graded
+
+
+def test_a_plain_tcp_scheduler_off_loopback_needs_tls_or_words():
+    with pytest.raises(ValueError, match="plain TCP off this machine.*--insecure-plain-tcp"):
+        cluster.check_scheduler("tcp://10.1.2.3:8786")
+    assert cluster.check_scheduler("tcp://10.1.2.3:8786", insecure_plain_tcp=True) == "tcp"
+    assert cluster.check_scheduler("tls://10.1.2.3:8786") == "tls"
+    assert cluster.check_scheduler("tcp://127.0.0.1:8786") == "tcp"
+    with pytest.raises(ValueError, match="tcp:// or tls://"):
+        cluster.check_scheduler("inproc://x")
+
+
+SOFTMAX = ("import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
+           "    if temperature == 0:\n"
+           "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
+           "    return torch.softmax(logits / temperature, dim=-1)\n")
+SAMPLE = ("def sample_token(probs, uniform):\n    cumulative = probs.double().cumsum(0)\n"
+          "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
+
+
+@pytest.mark.skipif(isolation_problem() is not None, reason="the walled grader needs bubblewrap")
+def test_a_real_class_through_the_cluster_gets_the_local_runs_gradebook(scheduler, tmp_path, embedded):
+    folder = tmp_path / "class"
+    (folder / "cy").mkdir(parents=True)
+    honest = standin_notebook(SOFTMAX)
+    honest.cells.append(nbformat.v4.new_code_cell(SAMPLE))
+    broken = standin_notebook(SOFTMAX.replace("logits / temperature", "logits"))
+    broken.cells += [nbformat.v4.new_code_cell("1 / 0"), nbformat.v4.new_code_cell(SAMPLE)]
+    for notebook in (honest, broken):
+        del notebook.metadata["standin"]
+    nbformat.write(honest, folder / "ana.ipynb")
+    nbformat.write(honest, folder / "cy" / "00_start_here.ipynb")  # the same bytes: graded once, both rows noted
+    nbformat.write(broken, folder / "bo.ipynb")
+    (folder / "dee.ipynb").write_text("{ not a notebook")
+    options = {"cell_timeout_s": 30, "limits": Limits(wall_seconds=240), "secret": SECRET, "progress": None}
+    classroom.grade_class(folder, tmp_path / "on-cluster", scheduler=scheduler["address"],
+                          worker_secret_file=scheduler["secret_file"], **options)
+    classroom.grade_class(folder, tmp_path / "local", jobs=2, **options)
+    gradebook = (tmp_path / "on-cluster" / "gradebook.csv").read_bytes()
+    assert gradebook == (tmp_path / "local" / "gradebook.csv").read_bytes()
+    rows = _rows(tmp_path / "local")
+    assert (rows["ana"]["00.softmax_temperature"], rows["ana"]["00.sample_token"]) == ("2", "2")
+    assert (rows["bo"]["00.softmax_temperature"], rows["bo"]["00.sample_token"]) == ("0", "2")
+    assert rows["ana"]["notes"] == "lab 00: the same code as cy" and "NotJSONError" in rows["dee"]["notes"]
