@@ -1,0 +1,133 @@
+"""Grading a class on Dask (issue #34): ``python -m benchmarks grading``.
+
+1. Real submissions (the course's lab 00 solution notebook, each copy made distinct by a comment cell), graded
+   walled off: directly with ``grade_notebook`` one after another (the runner without Dask), then through
+   ``grade_class`` on a local cluster of 1 and of 2 workers. Printed: seconds per submission per worker (median
+   and spread of the grader's own timing, and the class's wall time x workers / submissions), the cluster's
+   start-up, and Dask's overhead per submission (1-worker wall per submission minus the direct median).
+2. A simulated class of 2,000 submissions whose grading is stand-in work of scaled-down durations (log-normal,
+   median 0.1 s: real submissions take 40-180 s), on a local cluster of 2 workers, one worker process killed when
+   a third of the class is done: wall time against the ideal (total work / workers), retries, nothing lost.
+
+Timings on a shared machine vary; compare the ratios printed in one run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def simulated_grader(path, cell_timeout_s, limits, *, secret, isolate):
+    """Stand-in for grade_notebook: sleeps the duration the notebook's metadata says, grades by its first cell."""
+    notebook = json.loads(Path(path).read_text())
+    time.sleep(notebook["metadata"]["simulated_seconds"])
+    right = notebook["cells"][0]["source"].startswith("right")
+    return {"notebook": str(path), "lab": "00", "score": 2 * right, "max_score": 2,
+            "exercises": [{"id": "00.simulated", "status": "passed" if right else "failed", "points": 2 * right,
+                           "max_points": 2}], "cell_errors": [], "review": [], "isolated": isolate, "limits": {}}
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):8.1f} {min(values):8.1f} {max(values):8.1f}"
+
+
+def real_class(n: int = 4) -> None:
+    from labkit.instructor import classroom, grading
+
+    source = nbformat.read(ROOT / "notebooks" / "solutions" / "00_start_here.ipynb", as_version=4)
+    secret = b"benchmark secret"
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "class"
+        folder.mkdir()
+        for i in range(n):
+            copy = nbformat.from_dict(json.loads(json.dumps(source)))
+            copy.cells.append(nbformat.v4.new_code_cell(f"# learner {i}"))
+            nbformat.write(copy, folder / f"learner{i}.ipynb")
+        paths = sorted(folder.glob("*.ipynb"))
+        direct = [grading.grade_notebook(path, secret=secret)["seconds"] for path in paths]
+        print(f"\nreal lab-00 submissions, {n} per run       {'median':>8} {'min':>8} {'max':>8}  (seconds)")
+        print(f"{'direct grade_notebook, one at a time':<40} {_spread(direct)}")
+        per_submission = {}
+        for workers in (1, 2):
+            lines: list[str] = []
+            started = time.perf_counter()
+            reports = classroom.grade_class(folder, Path(scratch) / f"out{workers}", jobs=workers, secret=secret,
+                                            progress=lines.append)
+            wall = time.perf_counter() - started
+            graded = [r["seconds"] for r in reports]
+            per_submission[workers] = wall * workers / n
+            print(f"{f'local cluster, {workers} worker(s): grader':<40} {_spread(graded)}")
+            print(f"{f'  wall x workers / submissions':<40} {per_submission[workers]:8.1f}   "
+                  f"(class wall {wall:.0f} s, start-up and checks included)")
+        overhead = per_submission[1] - statistics.median(direct)
+        print(f"Dask's cost per submission at 1 worker (start-up spread over {n}): {overhead:+.1f} s "
+              f"({100 * overhead / statistics.median(direct):+.0f} % of a direct grading)")
+
+
+def _kill_one_worker_when(store: Path, count: int, killed: list[int]) -> None:
+    import psutil
+
+    while len(list(store.glob("*.json"))) < count:
+        time.sleep(0.2)
+    workers = [child for child in psutil.Process().children(recursive=True)
+               if child.parent() is not None and child.parent().pid != os.getpid()]
+    if workers:
+        os.kill(workers[0].pid, signal.SIGKILL)
+        killed.append(workers[0].pid)
+
+
+def simulated_class(n: int = 2000, workers: int = 2, median_s: float = 0.1) -> None:
+    from labkit.instructor import classroom
+
+    rng = random.Random(34)
+    durations = [median_s * rng.lognormvariate(0, 0.5) for _ in range(n)]
+    with tempfile.TemporaryDirectory() as scratch:
+        folder, out = Path(scratch) / "class", Path(scratch) / "out"
+        folder.mkdir()
+        for i, seconds in enumerate(durations):
+            notebook = nbformat.v4.new_notebook()
+            notebook.metadata["labkit"] = {"lab": "00"}
+            notebook.metadata["simulated_seconds"] = seconds
+            notebook.cells = [nbformat.v4.new_code_cell(f"{'right' if i % 4 else 'wrong'} {i}")]
+            nbformat.write(notebook, folder / f"l{i:04d}.ipynb")
+        lines: list[str] = []
+        killed: list[int] = []
+        killer = threading.Thread(target=_kill_one_worker_when, args=(out / "results", n // 3, killed), daemon=True)
+        killer.start()
+        started = time.perf_counter()
+        reports = classroom.grade_class(folder, out, jobs=workers, secret=b"s", grader=simulated_grader,
+                                        progress=lines.append)
+        wall = time.perf_counter() - started
+    graded = [r for r in reports if "error" not in r]
+    right = sum(r["score"] == 2 for r in graded) == sum(1 for i in range(n) if i % 4)
+    retries = next((line.split()[0] for line in lines if "started again" in line), "0")
+    ideal = sum(durations) / workers
+    print(f"\nsimulated class: {n} submissions, median {median_s} s of stand-in work, {workers} workers, "
+          f"{len(killed)} worker killed mid-run")
+    print(f"wall {wall:.1f} s (cluster start-up and checks included), ideal {ideal:.1f} s (work / workers): "
+          f"{100 * ideal / wall:.1f} % of ideal; retries {retries}; graded {len(graded)}/{n}, "
+          f"lost {n - len(graded)}, every grade as expected: {right}")
+    print(f"  {lines[-2] if len(lines) > 1 else ''}")
+
+
+def main() -> None:
+    simulated_class(int(os.environ.get("LABKIT_BENCH_SUBMISSIONS", "2000")))
+    if "--simulated-only" not in sys.argv:
+        real_class(int(os.environ.get("LABKIT_BENCH_REAL", "4")))
+
+
+if __name__ == "__main__":
+    main()
