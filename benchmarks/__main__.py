@@ -10,6 +10,7 @@ SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  
 SUITES["browser"] = lambda: __import__("benchmarks.browser").browser.main()  # explorers in Chromium, event -> image
 SUITES["exercises"] = lambda: __import__("benchmarks.exercises").exercises.main()  # verdict time per exercise
 SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 06: roofline, decode floor, threads
+SUITES["grading"] = lambda: __import__("benchmarks.grading").grading.main()  # a class on Dask: overhead, faults
 
 
 def main(argv: list[str]) -> int:
