@@ -42,3 +42,47 @@ def test_windowed_scores_match_one_full_pass(embedded):
     assert windowed.surprisal_nats[1:6].tolist() == pytest.approx(full[:5].tolist(), abs=1e-4)
     # two passes of different lengths: they agree within float32 rounding (as the surprisals above), not bit for bit
     assert whole.perplexity() == pytest.approx(math.exp(full.double().mean().item()), rel=1e-4)
+
+
+def _small_score():
+    from labkit.core.loss import TextScore
+
+    token_ids = torch.tensor([5, 6, 7, 8])
+    surprisal = torch.tensor([math.nan, 1.5, 0.25, 3.0])
+    truncated = {"top-k 50": torch.tensor([math.nan, -1.0, -math.inf, -2.0])}
+    return TextScore(token_ids, surprisal, torch.tensor([math.nan, 2.0, 1.0, 4.0]), torch.tensor([-1, 0, 3, 1]),
+                     {0.5: surprisal * 2, 1.5: surprisal / 2}, truncated, window=4, stride=2)
+
+
+def test_kept_scores_read_back_bit_for_bit_and_only_for_their_tokens(tmp_path):
+    from labkit.runtime.scoring import _load_scores, _save_scores
+
+    scores, path = _small_score(), tmp_path / "scores" / "eval_text-test.pt"
+    assert _load_scores(path, scores.token_ids) is None  # nothing kept yet
+    _save_scores(path, scores)
+    back = _load_scores(path, scores.token_ids)
+    for name in ("token_ids", "surprisal_nats", "entropy_nats", "rank"):
+        assert torch.equal(getattr(back, name).nan_to_num(), getattr(scores, name).nan_to_num())
+    assert back.surprisal_at.keys() == scores.surprisal_at.keys() and (back.window, back.stride) == (4, 2)
+    kept, original = back.truncated_log_probs["top-k 50"], scores.truncated_log_probs["top-k 50"]
+    assert torch.equal(kept.nan_to_num(), original.nan_to_num())
+    assert _load_scores(path, torch.tensor([5, 6, 7, 9])) is None  # another text: scored afresh
+    path.write_bytes(b"not a torch file")
+    assert _load_scores(path, scores.token_ids) is None  # a damaged file is ignored
+    assert list(path.parent.glob("*.tmp")) == []  # the temporary file was renamed, not left behind
+
+
+def test_the_scores_key_follows_the_settings_and_needs_a_verified_cache(embedded, monkeypatch):
+    from types import SimpleNamespace
+
+    from labkit.runtime import scoring
+
+    token_ids = torch.tensor([1, 2, 3])
+    key = scoring._scores_key(embedded, token_ids)
+    if key is None:
+        pytest.skip(f"the embedded model was not loaded from its verified cache (origin {embedded.origin!r})")
+    assert scoring._scores_key(embedded, token_ids) == key
+    assert scoring._scores_key(embedded, torch.tensor([1, 2, 4])) != key
+    monkeypatch.setattr(scoring, "STRIDE", scoring.STRIDE // 2)
+    assert scoring._scores_key(embedded, token_ids) != key
+    assert scoring._scores_key(SimpleNamespace(source=embedded.source, origin="hub"), token_ids) is None
