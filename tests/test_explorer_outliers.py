@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from labkit.core.quantization import fake_quantize, relative_error
-from labkit.explorers.outliers import compute, numbers_html, outlier_explorer
+from labkit.explorers.outliers import alt_text, compute, numbers_html, outlier_explorer
 from labkit.runtime.activations import RESIDUAL, capture_activations
 
 PROMPT = "The Eiffel Tower is in Paris."
@@ -69,6 +69,7 @@ def test_the_toggle_shows_the_model_with_its_massive_activations_zeroed(embedded
     explorer.controls["massive"].value = True
     after = explorer.view.tensor
     assert explorer.data.zeroed_at == 11 and "zeroed" in explorer.numbers.value
+    assert "Layer 15, residual stream, massive activations zeroed at layer 11." in explorer.canvas.alt_text
     assert before.largest > 10_000 and after.largest < 5_000  # 507 gone (channel 247 grows to a few thousand)
     assert explorer.canvas.image.value != image
     explorer.controls["massive"].value = False
@@ -78,3 +79,17 @@ def test_the_toggle_shows_the_model_with_its_massive_activations_zeroed(embedded
 def test_the_residual_stream_is_labelled_as_no_linears_input(data):
     assert "No Linear reads this tensor" in numbers_html(compute(data, 15, RESIDUAL))
     assert "No Linear reads" not in numbers_html(compute(data, 15, "down_proj input"))
+
+
+def test_the_picture_text_says_where_the_peak_is_and_follows_the_view(data):
+    view = compute(data, 15)
+    channel, peak, token = view.tensor.top_channels[0]
+    text = alt_text(view)
+    assert f"peaks at channel 507 with {peak:,.1f} (token {token})" in text
+    per_channel = sorted(view.tensor.magnitudes.max(axis=0).tolist())
+    assert per_channel[0] < 10 < peak  # the median channel the text gives lies far below the peak
+    middle = per_channel[len(per_channel) // 2]  # the median's neighbour (576 channels: it averages two)
+    assert 0.9 * middle < float(text.split("the median channel ")[1].split(";")[0]) < 1.1 * middle
+    sqnr = view.layers.sqnr["per-token INT8"][15]
+    assert f"per-token INT8 {sqnr:.1f} dB" in text
+    assert alt_text(compute(data, 15, threshold=30.0)) != text  # the threshold moves the outliers-kept line

@@ -1,5 +1,6 @@
 """The speculative simulator: compute agrees with the core's closed forms, render updates artists in place."""
 
+import html
 import time
 
 import pytest
@@ -57,3 +58,7 @@ def test_the_widget_updates_in_place_and_quickly():
     assert image.value != before
     assert explorer.numbers.value == summary_html(explorer.view)
     assert explorer.view.alpha == 0.9
+    # The picture's text follows it: the setting, the paper's value at γ, and the measured point.
+    text = explorer.canvas.alt_text
+    assert text.startswith("α 0.90, γ 4, c 0.10") and f"{explorer.view.tokens_per_call[4]:.2f} at γ = 4" in text
+    assert "Measured runs (squares): γ 4 at 2.30×" in text and html.escape(text) in explorer.canvas.caption.value
