@@ -19,7 +19,6 @@ import os
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -124,8 +123,9 @@ def simulated_class(n: int = 2000, workers: int = 2, median_s: float = 0.1) -> N
 
 
 def main() -> None:
+    """``LABKIT_BENCH_SUBMISSIONS`` (default 2000) simulated, ``LABKIT_BENCH_REAL`` (default 4, 0 to skip) real."""
     simulated_class(int(os.environ.get("LABKIT_BENCH_SUBMISSIONS", "2000")))
-    if "--simulated-only" not in sys.argv:
+    if int(os.environ.get("LABKIT_BENCH_REAL", "4")):
         real_class(int(os.environ.get("LABKIT_BENCH_REAL", "4")))
 
 
