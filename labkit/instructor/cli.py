@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--output-mb", type=int, default=defaults.output_mb,
                        help=f"printed output kept per notebook, and largest file it may write, MB "
                             f"(default {defaults.output_mb})")
+    grade.add_argument("--disk-mb", type=int, default=defaults.disk_mb,
+                       help=f"the submission's folders together, MB (default {defaults.disk_mb})")
+    grade.add_argument("--budget-seconds", type=int, default=defaults.budget_seconds,
+                       help=f"the notebook's cells together, seconds (default {defaults.budget_seconds})")
     grade.add_argument("--secret-file", type=Path,
                        help="a file holding the instructor's secret that salts the random cases (default: "
                             "$LABKIT_GRADING_SECRET, else one labkit keeps in the user data directory)")
@@ -107,7 +111,7 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs,
                         total_memory_mb=args.total_memory_mb, wall_seconds=args.wall_seconds,
-                        output_mb=args.output_mb)
+                        output_mb=args.output_mb, disk_mb=args.disk_mb, budget_seconds=args.budget_seconds)
     except ValueError as error:
         parser.error(str(error).replace("_", "-"))
     try:

@@ -66,6 +66,7 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
         mine = [r for r in reports if r["learner"] == learner]
         notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
+        notes += [f"lab {r['lab']}: {r['forbidden'][0]}" for r in mine if "error" not in r and r.get("forbidden")]
         best: dict[str, dict[str, Any]] = {}
         for report in (r for r in mine if "error" not in r):
             lab = report["lab"]
