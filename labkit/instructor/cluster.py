@@ -213,7 +213,9 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
     import dask
 
     if scheduler is None:
-        with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES}):
+        # Workers not daemonic: a grader may start processes of its own (a daemonic process cannot).
+        with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+                              "distributed.worker.daemon": False}):
             cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, memory_limit=0,
                                    security=Security.temporary(), protocol="tls://", host="127.0.0.1",
                                    dashboard_address="127.0.0.1:0",
