@@ -43,6 +43,7 @@ PLUGIN = "labkit-grader"
 REFUSED = "labkit-refused"
 STARTED = "labkit-started"
 ALLOWED_FAILURES = 3  # a submission whose worker dies 4 times is reported, not retried for ever
+PENDING = "not set up yet"  # a worker whose checks are still running
 GRADER_MEMORY_BYTES = 2 * 2**30  # what the grader process itself needs (the model for the judge, the libraries)
 
 
@@ -118,7 +119,7 @@ class GraderPlugin(WorkerPlugin):
                  secret_file: str | None = None) -> None:
         self.expected, self.isolate, self.secret_id = expected, isolate, secret_id
         self.secret, self.secret_file = secret, secret_file
-        self.problem: str | None = "not set up yet"
+        self.problem: str | None = PENDING
 
     async def setup(self, worker: Any) -> None:
         try:
@@ -270,7 +271,8 @@ class ClassRun:
         deadline = time.monotonic() + timeout_s
         while True:
             states = self.client.run(_plugin_problem, on_error="return")
-            problems = {worker: state for worker, state in states.items() if isinstance(state, str)}
+            problems = {worker: state for worker, state in states.items()
+                        if isinstance(state, str) and state != PENDING}
             for worker, problem in problems.items():
                 self._on_refused((0.0, {"worker": worker, "problem": problem}))
             ready = [worker for worker, state in states.items() if state is None]
