@@ -208,9 +208,16 @@ def _warm_model_cache() -> None:
 
 
 def _model_cache() -> list[Path]:
+    """The model cache, which the wall shows read-only. A grader running as root makes it readable to others
+    (the sandbox is ``nobody``; the cache holds only the public model's weights), or the model would not load."""
     from labkit.core.resources import cache_root
 
-    return [cache_root()]
+    root = cache_root()
+    if os.geteuid() == 0 and root.is_dir():
+        import subprocess
+
+        subprocess.run(["chmod", "-R", "go+rX", "--", str(root)], capture_output=True, timeout=120)
+    return [root]
 
 
 def _worker_env(job: Path) -> dict[str, str]:

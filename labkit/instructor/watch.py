@@ -34,7 +34,7 @@ _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "
 _ALWAYS = frozenset({"code.__new__", "function.__new__", "compile", "exec", "marshal.loads", "marshal.load",
                      "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.addaudithook",
                      "sys.setprofile", "sys.settrace", "object.__getattr__", "object.__setattr__",
-                     "object.__delattr__", "open", "cpython.run_command", "import"})
+                     "object.__delattr__", "open", "cpython.run_command"})
 _IN_STEP = frozenset({"sys._getframe", "sys._current_frames", "os.fork", "os.forkpty", "os.system", "os.exec",
                       "os.posix_spawn", "os.spawn", "subprocess.Popen", "os.kill", "os.killpg"})
 _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a function from a code object",
@@ -106,8 +106,6 @@ def install(fd: int, lab: str) -> None:
                 return
             if event == "open" and not sensitive_open(args[0] if args else None):
                 return
-            if event == "import":
-                return
             if event == "sys.setprofile" and state["step"] and frame.f_code not in state["setters"]:
                 forbid(_WHAT[event], frame)
             if event in _IN_STEP:
@@ -125,6 +123,7 @@ def install(fd: int, lab: str) -> None:
         state["step"] = True
         try:
             _check_threads(current_frames(), baseline | {main_thread}, is_library, state["forbidden"])
+            os.set_blocking(fd, True)  # however a learner cell left it
             wire.send_frame(fd, wire.sign(key, b"go"))
             plan = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
             namespace = shell.user_ns if shell is not None else {}

@@ -13,6 +13,7 @@ subclass), numbers, strings, lists, tuples, dicts, and instances of the classes 
 field by field (no constructor, no pickle, so no code of the sender's runs). Anything else the learner returns
 becomes an :class:`Unsupported` stand-in that compares equal to nothing.
 
+    >>> import torch
     >>> decode(encode((torch.tensor([1.5, -2.0]), {"k": 3}, None)))
     (tensor([ 1.5000, -2.0000]), {'k': 3}, None)
 
@@ -27,16 +28,21 @@ import hmac
 import json
 import os
 import select
+import sys
 import time
 from typing import Any
 
-import torch
-
 MAX_DEPTH = 20  # nesting deeper than this is not plain data
 MAX_TENSOR_BYTES = 64 * 2**20
-_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8,
-    torch.uint8, torch.bool)}
+# torch is imported where a tensor is met, not with this module: the worker only frames messages, and importing
+# torch there would cost it seconds at every start.
+_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+def _dtypes() -> dict[str, Any]:
+    import torch
+
+    return {name: getattr(torch, name) for name in _DTYPE_NAMES}
 
 
 def _objects() -> dict[str, tuple[type, tuple[str, ...]]]:
@@ -94,11 +100,12 @@ def _to_plain(value: Any, objects: bool, depth: int, memo: dict) -> Any:
         return value if abs(value) < 2**63 else {"__bigint__": str(value)}
     if kind is float:
         return value if value == value and abs(value) != float("inf") else {"__float__": repr(value)}
-    if isinstance(value, torch.Tensor):
+    torch = sys.modules.get("torch")  # no tensor can exist before torch is imported
+    if torch is not None and isinstance(value, torch.Tensor):
         # Read through torch.Tensor's own methods: a subclass's overrides take no part.
         plain = torch.Tensor.as_subclass(value, torch.Tensor).detach().cpu().contiguous()
         dtype = str(plain.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
+        if dtype not in _DTYPE_NAMES:
             return {"__unsupported__": f"tensor of dtype {dtype}"}
         raw = plain.reshape(-1).view(torch.uint8).numpy().tobytes()  # any shape, 0-d included; bool is one byte
         if len(raw) > MAX_TENSOR_BYTES:
@@ -209,8 +216,10 @@ def _key(value: Any) -> Any:
     return value
 
 
-def _tensor(data: dict) -> torch.Tensor:
-    dtype = _DTYPES.get(data["__tensor__"]) if isinstance(data["__tensor__"], str) else None
+def _tensor(data: dict) -> Any:
+    import torch
+
+    dtype = _dtypes().get(data["__tensor__"]) if isinstance(data["__tensor__"], str) else None
     shape = data.get("shape")
     if dtype is None or type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
         raise WireError("a malformed tensor")
