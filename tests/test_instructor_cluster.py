@@ -141,7 +141,7 @@ def _keys(folder: Path) -> dict[str, str]:
     keys = {}
     for path in folder.glob("*.ipynb"):
         data, lab, _ = classroom._check_submission(path)
-        keys[json.loads(data)["cells"][0]["source"]] = result_key(content_hash(data), {**context, "lab": lab})
+        keys["".join(json.loads(data)["cells"][0]["source"])] = result_key(content_hash(data), {**context, "lab": lab})
     return keys
 
 
