@@ -20,6 +20,7 @@ so no learner's file or folder name can take the place of another output.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -93,17 +94,23 @@ def _unreadable(path: Path, error: BaseException | str) -> dict[str, Any]:
             "error": text}
 
 
+@functools.lru_cache(maxsize=1)
+def _known_labs() -> tuple[str, ...]:
+    from labkit.core.course import labs
+
+    return tuple(entry.notebook.split("_", 1)[0] for entry in labs())
+
+
 def _check_submission(path: Path) -> tuple[bytes, str, str]:
     """(bytes, lab, code hash) of a submission this machine accepts for shipping; raises with the reason."""
     import nbformat
 
-    from labkit.core.course import labs
     from labkit.instructor.grading import lab_of, read_submission
 
     data = read_submission(path)
     notebook = nbformat.reads(data.decode("utf-8", errors="replace"), as_version=4)
     lab = lab_of(notebook, path)
-    known = [entry.notebook.split("_", 1)[0] for entry in labs()]
+    known = _known_labs()
     if lab not in known:
         raise ValueError(f"its lab {lab!r} is not one of the course's ({', '.join(known)})")
     code = "\0".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
