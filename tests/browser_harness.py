@@ -320,7 +320,8 @@ def picture_texts(page: Any) -> list[dict[str, Any]]:
             for (const img of cell.node.querySelectorAll('.jp-OutputArea-output img')) {
                 const widget = img.closest('.jupyter-widgets');
                 const caption = widget && widget.closest('.jp-OutputArea-output').querySelector('.labkit-alt');
-                const alt = widget ? (caption ? caption.innerText : '') : (img.alt || img.getAttribute('aria-label') || '');
+                const alt = widget ? (caption ? caption.innerText : '')
+                    : (img.alt || img.getAttribute('aria-label') || '');
                 found.push({cell: index, alt: alt.trim(), explorer: Boolean(widget)});
             }
         });

@@ -77,7 +77,8 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
             silent = [m for m in moves if not (m.picture_changed or m.numbers_changed)]
             assert not silent, f"controls that changed nothing: {silent}"
             # The picture's text follows the picture: never empty, and new whenever the picture is.
-            stale = [(m.kind, m.name, m.alt[:80]) for m in moves if not m.alt or m.picture_changed and not m.alt_changed]
+            stale = [(m.kind, m.name, m.alt[:80]) for m in moves
+                     if not m.alt or m.picture_changed and not m.alt_changed]
             assert not stale, f"picture text empty, or unchanged while the picture changed: {stale}"
             for kind in {m.kind for m in moves} - {"button"}:
                 assert any(m.picture_changed and m.numbers_changed for m in moves if m.kind == kind), (kind, moves)

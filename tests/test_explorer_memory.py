@@ -107,7 +107,8 @@ def test_display_carries_the_widget_and_a_picture_of_it():
     assert base64.b64decode(bundle["image/png"])[:4] == b"\x89PNG"
     assert "VBox" not in bundle["text/plain"]
     # The picture's HTML form: the same PNG, with the text alternative the caption shows.
-    assert bundle["text/html"].startswith(f'<img src="data:image/png;base64,{bundle["image/png"]}" alt="Llama-3-8B on 1')
+    png = bundle["image/png"]
+    assert bundle["text/html"].startswith(f'<img src="data:image/png;base64,{png}" alt="Llama-3-8B on 1')
     assert "red line at the GPU&#x27;s 85.9 GB: fits" in bundle["text/html"]  # escaped for an attribute
 
 

@@ -57,7 +57,8 @@ def kv_context_figure(spec: ModelSpec, kv_heads: dict[str, int], contexts: Seque
     if capacity_bytes is not None:
         lines = f"; a dotted line at the card's {plain(capacity_bytes / GIB)} GiB"
     if weights_bytes is not None:
-        lines += f", a dashed line at the {plain((capacity_bytes - weights_bytes) / GIB)} GiB left after {weights_label}"
+        left = plain((capacity_bytes - weights_bytes) / GIB)
+        lines += f", a dashed line at the {left} GiB left after {weights_label}"
     return describe(readable(figure), f"{spec.name}'s KV cache for one sequence ({kv_dtype.upper()}, log-log) against "
                     "cached tokens, one line per attention layout: " + "; ".join(said) + lines + ".")
 

@@ -145,7 +145,8 @@ def alt_text(view: OutlierView, zeroed_at: int | None = None) -> str:
     state = f", massive activations zeroed at layer {zeroed_at}" if zeroed_at is not None else ""
     return (f"Layer {t.layer}, {t.source}{state}. Top: |activation| per token and channel, log colour 0.01 to "
             f"30,000: per-channel maximum |x| peaks at channel {channel} with {peak:,.1f} (token {token}), the median "
-            f"channel {median_channel:.3g}; {len(th.outlier_channels)} channel(s) reach the threshold {th.threshold:g}. "
+            f"channel {median_channel:.3g}; {len(th.outlier_channels)} channel(s) reach the threshold "
+            f"{th.threshold:g}. "
             f"Middle: SmoothQuant α {sm.alpha:.2f}, activation max {act_before.max():,.1f} before, "
             f"{act_after.max():,.1f} after (blue); weight max {w_before.max():.3f} before, {w_after.max():.3f} after "
             f"(orange). Bottom: INT8 SQNR of the median token at every layer, at layer {t.layer}: {sqnr}.")

@@ -81,12 +81,17 @@ def alt_text(view: SamplingView, settings: dict[str, Any], n_listed: int = 5) ->
     """What the picture shows, in numbers: the setting, then the first candidates' two probabilities.
 
     >>> view = SamplingView(("a", "b"), (0.75, 0.25), (1.0, 0.0), 1, 0.75, 0.0, 4)
-    >>> alt_text(view, {"temperature": 1.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0, "order": "temperature_first"})
-    "Temperature 1.00, top-k 1, top-p off, min-p off, temperature first: bars of the 2 most likely next tokens, the model's probability (grey) against the sampling distribution (blue): 'a' 0.750 -> 1.000, 'b' 0.250 -> removed; 1 of 4 tokens kept."
+    >>> text = alt_text(view, {"temperature": 1.0, "top_k": 1, "top_p": 1.0, "min_p": 0.0,
+    ...                        "order": "temperature_first"})
+    >>> text.split(": bars")[0]
+    'Temperature 1.00, top-k 1, top-p off, min-p off, temperature first'
+    >>> text.split("(blue): ")[1]
+    "'a' 0.750 -> 1.000, 'b' 0.250 -> removed; 1 of 4 tokens kept."
     """
     k, p, m = settings["top_k"], settings["top_p"], settings["min_p"]
-    setting = (f"Temperature {settings['temperature']:.2f}, top-k {k or 'off'}, top-p {f'{p:.2f}' if p < 1 else 'off'}, "
-               f"min-p {f'{m:.2f}' if m > 0 else 'off'}, {settings['order'].replace('_', ' ')}")
+    setting = (f"Temperature {settings['temperature']:.2f}, top-k {k or 'off'}, "
+               f"top-p {f'{p:.2f}' if p < 1 else 'off'}, min-p {f'{m:.2f}' if m > 0 else 'off'}, "
+               f"{settings['order'].replace('_', ' ')}")
     bars = ", ".join(f"{token!r} {model:.3f} -> {'removed' if final == 0 else f'{final:.3f}'}" for token, model, final
                      in list(zip(view.tokens, view.model_probs, view.sampling_probs))[:n_listed])
     return (f"{setting}: bars of the {len(view.tokens)} most likely next tokens, the model's probability (grey) "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -92,10 +92,13 @@ def alt_text(view: SpeculativeView, measured: Sequence[tuple[int, float]] = ()) 
     g = view.gamma
     counts = {kind: sum(row.count(kind) for row in view.strip) for kind in STRIP_WORDS}
     strip = ", ".join(f"{counts[kind]} {words}" for kind, words in STRIP_WORDS.items() if counts[kind])
-    points = (" Measured runs (squares): " + ", ".join(f"γ {m[0]} at {m[1]:.2f}×" for m in measured) + ".") if measured else ""
+    points = ""
+    if measured:
+        points = " Measured runs (squares): " + ", ".join(f"γ {m[0]} at {m[1]:.2f}×" for m in measured) + "."
     return (f"α {view.alpha:.2f}, γ {g}, c {view.cost_ratio:.2f}, "
             f"{'α decaying by position' if view.varying else 'same α everywhere'}. Left: tokens per target call "
-            f"against γ, the paper's {view.tokens_per_call[g]:.2f} at γ = {g} (circled) against the popular formula's "
+            f"against γ, the paper's {view.tokens_per_call[g]:.2f} at γ = {g} (circled) against the popular "
+            f"formula's "
             f"{view.popular_tokens_per_call[g]:.2f} (dashed). Right: walltime improvement {view.improvement[g]:.2f}× "
             f"at γ = {g}, the optimum (star) {view.improvement[view.best_gamma]:.2f}× at γ = {view.best_gamma}, "
             f"break-even at 1×.{points} Below: {len(view.strip)} simulated calls, {strip} tokens.")
@@ -165,7 +168,8 @@ class SpeculativePlot:
                                             extent=(0, MAX_GAMMA + 1, STRIP_CALLS, 0))
         self.strip_axes.set(xlim=(0, MAX_GAMMA + 1), ylim=(STRIP_CALLS, 0), xticks=[], yticks=[],
                             ylabel="simulated\ncalls")
-        self.strip_axes.legend(handles=[Patch(color=colour, label=STRIP_WORDS[kind]) for kind, colour in COLOURS.items()],
+        keys = [Patch(color=colour, label=STRIP_WORDS[kind]) for kind, colour in COLOURS.items()]
+        self.strip_axes.legend(handles=keys,
                                ncols=len(COLOURS), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False,
                                handlelength=1.2, columnspacing=1.2)
         readable(self.canvas.figure)
@@ -300,12 +304,17 @@ def lossless_figure(results: dict) -> object:
     z_axes.set(xlabel="tokens per call: z-score against exact", title="speed: fails outside |z| <= 4")
     figure.legend(handles=[Patch(color=COLOURS["accepted"], label="passes that test"),
                            Patch(color=COLOURS["rejected"], label="fails it")], loc="outside lower center", ncols=2)
-    said = "; ".join(f"{name}: chi-square {results[name].chi_square:.1f} "
-                     f"({'passes' if results[name].p_value > CRITICAL_P else 'fails'}), z {results[name].tokens_per_call_z:+.1f} "
-                     f"({'passes' if abs(results[name].tokens_per_call_z) < CRITICAL_Z else 'fails'})" for name in names)
-    return describe(readable(figure), f"Each acceptance rule's counting test, two panels of bars, green where it passes "
-                    f"and red where it fails: chi-square with {dof} degrees of freedom (log scale, fails right of "
-                    f"{critical:.1f}, dashed) and the tokens-per-call z-score (fails outside |z| <= 4, shaded). {said}.")
+
+    def verdicts(result: Any) -> str:
+        chi = "passes" if result.p_value > CRITICAL_P else "fails"
+        z = "passes" if abs(result.tokens_per_call_z) < CRITICAL_Z else "fails"
+        return f"chi-square {result.chi_square:.1f} ({chi}), z {result.tokens_per_call_z:+.1f} ({z})"
+
+    said = "; ".join(f"{name}: {verdicts(results[name])}" for name in names)
+    return describe(readable(figure), "Each acceptance rule's counting test, two panels of bars, green where it "
+                    f"passes and red where it fails: chi-square with {dof} degrees of freedom (log scale, fails right "
+                    f"of {critical:.1f}, dashed) and the tokens-per-call z-score (fails outside |z| <= 4, shaded). "
+                    f"{said}.")
 
 
 def _critical_chi_square(dof: int) -> float:

@@ -40,9 +40,12 @@ def roofline_figure(peak_flops_per_s: float, bandwidth_bytes_per_s: float,
     axes.axvline(ridge, color="grey", linestyle=":")
     axes.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte)", ylabel="GFLOP/s",
              title=f"{title}: ridge at {ridge:.1f} FLOPs/byte")
+    def roof_at(intensity: float) -> float:
+        return attainable_flops_per_s(intensity, peak_flops_per_s, bandwidth_bytes_per_s)
+
     said = "; ".join(f"{label} at {plain(intensity)} FLOPs/byte, {plain(achieved / 1e9)} GFLOP/s "
-                     f"({plain(100 * achieved / attainable_flops_per_s(intensity, peak_flops_per_s, bandwidth_bytes_per_s))}"
-                     " % of the roof there)" for label, (intensity, achieved) in points.items())
+                     f"({plain(100 * achieved / roof_at(intensity))} % of the roof there)"
+                     for label, (intensity, achieved) in points.items())
     return describe(readable(figure), f"{title} (log-log): GFLOP/s against arithmetic intensity; the roof rises at "
                     f"{plain(bandwidth_bytes_per_s / 1e9)} GB/s to a flat {plain(peak_flops_per_s / 1e9)} GFLOP/s, "
                     f"the ridge (dotted) at {ridge:.1f} FLOPs/byte. Points: {said}.")
@@ -67,7 +70,8 @@ def steps_figure(prefix_lens: Sequence[int], cached_step_s: Sequence[float], unc
     return describe(readable(figure), "Step time in ms against tokens in the prefix, two lines: with the KV cache "
                     f"{plain(cached_step_s[0] * 1e3)} ms at {first} tokens (the prefill) then "
                     f"{plain(cached_step_s[-1] * 1e3)} ms at {last}; recomputing the whole prefix "
-                    f"{plain(uncached_step_s[0] * 1e3)} ms at {first} and {plain(uncached_step_s[-1] * 1e3)} ms at {last}.")
+                    f"{plain(uncached_step_s[0] * 1e3)} ms at {first} and {plain(uncached_step_s[-1] * 1e3)} ms "
+                    f"at {last}.")
 
 
 def emissions_figure(requests: Sequence[Any], title: str = "when each token came out") -> Any:
