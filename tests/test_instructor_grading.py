@@ -48,13 +48,14 @@ def test_solutions_earn_every_point_and_learner_notebooks_none(embedded):
 
 
 def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):
-    notebook = nbformat.read(ROOT / "notebooks" / "00_start_here.ipynb", as_version=4)
-    answer = next(i for i, c in enumerate(notebook.cells) if "def softmax_with_temperature" in c.source)
-    notebook.cells[answer].source = (
+    """A stand-in for lab 00 (the grader is under test here, not the model): a wrong answer, then an error, an
+    endless cell and a cell that kills the kernel; graded through the command line."""
+    notebook = _submission(
         "import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
         "    return torch.softmax(logits, dim=-1)  # forgot the temperature\n")
+    answer = 0
     new = nbformat.v4.new_code_cell
-    notebook.cells[answer + 1:answer + 1] = [
+    notebook.cells += [
         new("1 / 0"),                      # an error: the run goes on
         new("while True:\n    pass"),      # never ends: interrupted at the cell time limit
         new("import os\nos._exit(3)"),     # kills the kernel: skipped on a fresh run
@@ -64,7 +65,7 @@ def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):
 
     out = tmp_path / "grades.json"
     result = subprocess.run([sys.executable, "-m", "labkit.instructor.cli", "grade", str(submission), "--json", str(out),
-                             "--cell-timeout", "20"], capture_output=True, text=True, timeout=600)
+                             "--cell-timeout", "10"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     graded = next(r for r in report["exercises"] if r["id"] == "00.softmax_temperature")
@@ -326,27 +327,3 @@ def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
         == "passed"
     graded = {r["id"]: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
     assert graded["status"] == "failed" and "masked tokens" in graded["details"][0]
-
-
-@pytest.mark.skipif(__import__("labkit.instructor.sandbox", fromlist=["x"]).isolation_problem() is not None,
-                    reason="no bubblewrap here (make setup installs it as root)")
-def test_the_wall_shows_what_it_binds_even_below_tmp_and_nothing_else(tmp_path):
-    """CI clones the repository under /tmp: the environment bound from there must not vanish under the wall's own
-    /tmp; the folder beside it (a class folder, the output) must not be there at all."""
-    from labkit.instructor import sandbox
-
-    shown, hidden, job = tmp_path / "environment", tmp_path / "class", tmp_path / "job"
-    for folder in (shown, hidden, job):
-        folder.mkdir()
-    (shown / "fact.txt").write_text("visible")
-    (hidden / "alice.ipynb").write_text("{}")
-    probe = ("import pathlib\n"
-             f"print(pathlib.Path({str(shown / 'fact.txt')!r}).read_text())\n"
-             f"print(pathlib.Path({str(hidden / 'alice.ipynb')!r}).exists())\n"
-             f"try:\n    pathlib.Path({str(shown / 'fact.txt')!r}).write_text('changed')\n"
-             "except OSError as error:\n    print(type(error).__name__)\n")
-    run = sandbox.run_walled([sys.executable, "-c", probe], job, Limits(wall_seconds=60), isolate=True,
-                             env={"PATH": "/usr/bin:/bin"}, readable=[shown])
-    assert run.returncode == 0, run.log_tail
-    assert run.log_tail.split() == ["visible", "False", "OSError"]
-    assert (shown / "fact.txt").read_text() == "visible"

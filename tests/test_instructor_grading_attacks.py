@@ -1,14 +1,21 @@
-"""labkit grade against a class that cheats or breaks things, beside honest learners (issue #24's attack suite).
+"""labkit grade against a class that cheats or breaks things, beside honest learners (issues #24 and #36).
 
-One class folder holds one submission per kind of attack and honest submissions beside them. It is graded twice
-(the second time into another folder: a regrade). Every cheat earns nothing or is flagged for review, every honest
-submission keeps its full grade in the same run, nothing outside a submission's own run changes (classmates'
-notebooks, labkit, the output folder, the host's files), and the regrade gives the same gradebook.
+One class folder holds one submission per kind of attack and honest submissions beside them. It is graded once;
+two honest submissions (one with an honest mistake a random case finds) are graded again on their own (a
+regrade). Every cheat earns nothing for the attacked exercise (or, where a zero cannot be
+decided, is flagged for review), every honest submission keeps its full grade in the same run, nothing outside a
+submission's own run changes (classmates' notebooks, labkit, the output folder, the host's files), nothing of the
+host is readable inside the wall, and the regrade gives the same grades.
+
+Without a working sandbox these tests FAIL (a CI without bubblewrap would otherwise pass with the wall
+untested), unless ``LABKIT_SKIP_SANDBOX_TESTS`` is set to the reason, which the skip then shows.
 """
 
+import base64
 import csv
 import hashlib
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -18,12 +25,23 @@ import pytest
 
 import labkit
 import labkit.exercises.checking
-from labkit.instructor import classroom
+from labkit.instructor import classroom, grading
 from labkit.instructor.kernel_limits import Limits
 from labkit.instructor.sandbox import isolation_problem
 
-pytestmark = pytest.mark.skipif(isolation_problem() is not None,
-                                reason=f"no isolation here: {isolation_problem()} (make setup installs it as root)")
+ROOT = Path(__file__).resolve().parent.parent
+SKIP_REASON = os.environ.get("LABKIT_SKIP_SANDBOX_TESTS", "").strip()
+pytestmark = pytest.mark.skipif(bool(SKIP_REASON) and isolation_problem() is not None,
+                                reason=f"LABKIT_SKIP_SANDBOX_TESTS: {SKIP_REASON}")
+ENV_SECRET, ENV_TOKEN = "env-secret-4f1c9a", "instructor-token-77e2"
+
+
+def require_sandbox() -> None:
+    """Fail (not skip) where the sandbox is missing, unless the opt-out names why."""
+    problem = isolation_problem()
+    if problem is not None and not SKIP_REASON:
+        pytest.fail(f"the attack suite needs the sandbox and {problem}; install bubblewrap (make setup does, as "
+                    "root), or set LABKIT_SKIP_SANDBOX_TESTS to the reason this machine cannot run it")
 
 SOFTMAX = (
     "import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
@@ -43,9 +61,9 @@ FLAKY = SOFTMAX.replace("    return torch.softmax(logits / temperature, dim=-1)\
 STUBS = ("def softmax_with_temperature(logits, temperature):\n    raise NotImplementedError\n",)
 
 
-def _notebook(*sources: str) -> nbformat.NotebookNode:
+def _notebook(*sources: str, lab: str = "00") -> nbformat.NotebookNode:
     notebook = nbformat.v4.new_notebook()
-    notebook.metadata["labkit"] = {"lab": "00"}
+    notebook.metadata["labkit"] = {"lab": lab}
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
     return notebook
 
@@ -163,6 +181,88 @@ def _attacks(folder: Path, out: Path, marker: Path, port: int) -> dict[str, tupl
             "try:\n    open(checking.__file__, 'a').write('\\n# owned\\n')\n"
             "except OSError as error:\n    raise RuntimeError(f'labkit is read-only: {type(error).__name__}')\n",
             *STUBS),
+        **_round_two_attacks(),
+    }
+
+
+REFERENCE_CALL = ("from labkit.core.sampling import softmax_with_temperature as reference\n"
+                  "def softmax_with_temperature(logits, temperature):\n    return reference(logits, temperature)\n")
+
+
+def _round_two_attacks() -> dict[str, tuple[str, ...]]:
+    """Issue #36: answers forged outside the function, the watcher stepped around, the host read through the wall,
+    and submissions that would stop or fill the grader."""
+    hidden = base64.b64encode(REFERENCE_CALL.encode()).decode()
+    return {
+        # The answering step replaced, blocked or forged.
+        "forged_answers": (
+            "import json, os, sys, pathlib\npathlib.Path('/job/out').mkdir(exist_ok=True)\n"
+            "forged = {'00.softmax_temperature': {'outcomes': [{'value': 1.0}]}}\n"
+            "pathlib.Path('/job/out/answers.json').write_text(json.dumps(forged))\n"
+            "sys.modules['labkit.instructor.worker'] = None\nsys.modules['labkit.instructor.watch'] = None\n",
+            *STUBS),
+        "fifo": ("import os, sys\nos.makedirs('/job/out', exist_ok=True)\nos.mkfifo('/job/out/answers.json')\n"
+                 "os.mkfifo('/job/out/status.json')\nsys.audit = lambda *args: None\n", *HONEST),
+        "socket_forgery": (
+            "import json, os, re\nfd = int(re.search(r'install\\((\\d+)', _ih[1]).group(1))\n"
+            "payload = json.dumps({'answers': {'00.predict_tokenizer': {'outcomes': [{'value': 'b'}]}},\n"
+            "                      'forbidden': []})\n"
+            "for message in (b'go', payload.encode(), b'0' * 32 + payload.encode()):\n"
+            "    os.write(fd, len(message).to_bytes(8, 'big') + message)\n"
+            "os.set_blocking(fd, False)\n"
+            "try:\n    stolen = os.read(fd, 1 << 16)\nexcept BlockingIOError:\n    stolen = b''\n"
+            "def softmax_with_temperature(logits, temperature):\n    return logits\n"),
+        "kill_worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", *HONEST),
+        # The reference reached around the watcher.
+        "pool_reference": (
+            "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "def softmax_with_temperature(logits, temperature):\n"
+            "    with ThreadPoolExecutor(1) as pool:\n"
+            "        return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
+            SAMPLE, PREDICTION),
+        "pool_started_early": (
+            "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
+            "pool = ThreadPoolExecutor(1)\npool.submit(int).result()\n"
+            "def softmax_with_temperature(logits, temperature):\n"
+            "    return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
+            SAMPLE, PREDICTION),
+        "built_name": ("import sys\n" + REFERENCE_CALL.replace(
+            "    return reference", "    getattr(sys, 'set' + 'profile')(None)\n    return reference"),
+            SAMPLE, PREDICTION),
+        "via_importlib": (
+            "import importlib\ndef softmax_with_temperature(logits, temperature):\n"
+            "    module = importlib.import_module('labkit.core.' + 'sampling')\n"
+            "    return getattr(module, 'softmax_with_' + 'temperature')(logits, temperature)\n",
+            SAMPLE, PREDICTION),
+        "exec_base64": (f"import base64\nexec(base64.b64decode({hidden!r}))\n", SAMPLE, PREDICTION),
+        # What the wall lets out: the host's environment, root-only files, the worker's memory and files.
+        "host_secrets": (
+            "import pathlib\nfound = []\n"
+            "for path in ['/proc/1/environ', '/proc/self/environ', '/etc/shadow', '/proc/self/uid_map']:\n"
+            "    try:\n        text = pathlib.Path(path).read_text()\n"
+            "        found.append(sorted(item.split('=')[0] for item in text.split('\\0') if item) if 'environ' in path\n"
+            "                     else text.split())\n"
+            "    except OSError as error:\n        found.append(type(error).__name__)\n"
+            "raise RuntimeError(repr(found))\n", *HONEST),
+        "reads_worker": (
+            "import os\ntry:\n    os.listdir(f'/proc/{os.getppid()}/fd')\n    seen = 'its file descriptors'\n"
+            "except OSError as error:\n    seen = type(error).__name__\nraise RuntimeError(f'worker: {seen}')\n", *HONEST),
+        # What would stop or fill the grader: a huge cell, a full disk, a deep tree, cells that sleep.
+        "big_cell": ("#" + "x" * 30 * 2**20, *HONEST),
+        "disk_fill": (
+            "import os\nwritten = 0\n"
+            "for folder in ['/job', '/tmp']:\n"
+            "    for n in range(1000):\n"
+            "        try:\n            with open(f'{folder}/fill{n}', 'wb') as file:\n"
+            "                file.write(b'x' * 2**20)\n"
+            "        except OSError:\n            break\n"
+            "        written += 1\n"
+            "    for n in range(1000):\n"
+            "        if os.path.exists(f'{folder}/fill{n}'):\n            os.remove(f'{folder}/fill{n}')\n"
+            "raise RuntimeError(f'wrote {written} MB')\n", *HONEST),
+        "deep_tree": ("import os\nstart = os.getcwd()\nfor _ in range(5000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                      "os.chdir(start)\n", *HONEST),
+        "slow_cells": (*HONEST, *["import time\ntime.sleep(12)\n"] * 4),
     }
 
 
@@ -172,8 +272,9 @@ def _digest(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, embedded):
+    require_sandbox()
     root = tmp_path_factory.mktemp("attacks")
-    folder, out, again = root / "class", root / "class-grades", root / "regrade"
+    folder, out = root / "class", root / "class-grades"
     marker = root / "left-behind-wrote-this"
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
@@ -187,27 +288,44 @@ def graded(tmp_path_factory, embedded):
     (folder / "eve.ipynb").write_text("{ this is not a notebook")
     for learner, cells in _attacks(folder, out, marker, listener.getsockname()[1]).items():
         nbformat.write(_notebook(*cells), folder / f"{learner}.ipynb")
+    # A name a course cell put in scope (lab 01's `sampling`) reaching the reference; metadata that is a list.
+    nbformat.write(_notebook("from labkit.core import sampling\n",
+                             "def top_k_filter(logits, top_k):\n    return sampling.top_k_filter(logits, top_k)\n", lab="01"),
+                   folder / "course_scope.ipynb")
+    listed = _notebook(*HONEST)
+    listed.metadata["labkit"] = ["00"]
+    nbformat.write(listed, folder / "listed_metadata.ipynb")
     before = {path: _digest(path) for path in folder.rglob("*.ipynb")}
     checker = Path(labkit.exercises.checking.__file__)
     checker_before = _digest(checker)
 
-    limits = Limits(memory_mb=8192, total_memory_mb=2048, max_procs=64, output_mb=1, wall_seconds=240)
-    options = dict(jobs=2, cell_timeout_s=15, limits=limits, progress=lambda line: None, secret=b"class secret")
-    started = time.monotonic()
-    reports = classroom.grade_class(folder, out, **options)
-    seconds = time.monotonic() - started
-    gradebook = (out / "gradebook.csv").read_bytes()
-    alice_json = (out / "reports" / "alice.json").read_bytes()
-    time.sleep(8)  # longer than the left-behind process waits before it writes
+    limits = Limits(memory_mb=8192, total_memory_mb=2048, max_procs=64, output_mb=1, wall_seconds=240, disk_mb=64,
+                    budget_seconds=30)
+    # The secret and another of the instructor's variables in the grader's environment: never inside the wall.
+    saved = {key: os.environ.get(key) for key in ("LABKIT_GRADING_SECRET", "INSTRUCTOR_TOKEN")}
+    os.environ.update(LABKIT_GRADING_SECRET=ENV_SECRET, INSTRUCTOR_TOKEN=ENV_TOKEN)
+    options = dict(jobs=2, cell_timeout_s=15, limits=limits, progress=lambda line: None)
     try:
-        connection = listener.accept()
-    except BlockingIOError:
-        connection = None
-    listener.close()
-    regraded = classroom.grade_class(folder, again, **options)
+        started = time.monotonic()
+        reports = classroom.grade_class(folder, out, **options)
+        seconds = time.monotonic() - started
+        gradebook = (out / "gradebook.csv").read_bytes()
+        alice_json = (out / "reports" / "alice.json").read_bytes()
+        time.sleep(8)  # longer than the left-behind process waits before it writes
+        try:
+            connection = listener.accept()
+        except BlockingIOError:
+            connection = None
+        listener.close()
+        # The regrade: an honest submission and an honest mistake, again, each on its own.
+        regraded = [{**grading.grade_notebook(folder / f"{learner}.ipynb", 15, limits), "learner": learner}
+                    for learner in ("alice", "bob")]
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     with open(out / "gradebook.csv", newline="") as file:
         rows = {row["learner"]: row for row in csv.DictReader(file)}
-    return {"reports": {r["learner"]: r for r in reports}, "rows": rows, "out": out, "again": again,
+    return {"reports": {r["learner"]: r for r in reports}, "rows": rows, "out": out,
             "gradebook": gradebook, "alice_json": alice_json, "marker": marker, "connection": connection,
             "before": before, "checker": (checker, checker_before), "regraded": regraded, "seconds": seconds}
 
@@ -216,31 +334,76 @@ def _errors(report) -> list[str]:
     return [error["error"] for error in report["cell_errors"]]
 
 
+HONEST_BESIDE_ATTACKS = ("alice", "carol", "outlives_run", "network", "forks", "memory", "flood",
+                         "ignores_interrupt", "rewrites_itself", "host_secrets", "reads_worker", "big_cell",
+                         "disk_fill", "deep_tree", "slow_cells")
+CHEATS = {  # learner -> the exercise attacked (0 points for it)
+    **dict.fromkeys(["fake_marker", "patched_checker", "lying_values", "watcher_off", "recompiled", "other_thread",
+                     "stack_peek", "forged_answers", "socket_forgery", "pool_reference", "pool_started_early",
+                     "built_name", "via_importlib", "exec_base64"], "00.softmax_temperature"),
+    "lower_level": "00.sample_token", "course_scope": "01.top_k_filter"}
+# Each watched way around the checker is a zero for the whole notebook, with the reason in every exercise.
+FORBIDDEN = {"watcher_off": "call watcher", "recompiled": "__code__", "other_thread": "thread",
+             "stack_peek": "grader's frames", "pool_reference": "thread", "pool_started_early": "pool",
+             "built_name": "call watcher", "exec_base64": "at run time"}
+
+
 def test_honest_learners_keep_their_grades_beside_every_attack(graded):
     rows = graded["rows"]
-    for learner in ("alice", "carol", "outlives_run", "network", "forks", "memory", "flood", "ignores_interrupt",
-                    "rewrites_itself"):
-        assert (rows[learner]["total"], rows[learner]["max"]) == (str(FULL), str(FULL)), learner
+    for learner in HONEST_BESIDE_ATTACKS:
+        assert (rows[learner]["total"], rows[learner]["max"]) == (str(FULL), str(FULL)), (learner, rows[learner])
     assert rows["bob"]["00.softmax_temperature"] == "0" and rows["bob"]["total"] == "3"  # an honest mistake
     assert "NotJSONError" in rows["eve"]["notes"]
+    assert "not a mapping" in rows["listed_metadata"]["notes"]  # metadata.labkit as a list: a clear note
     assert "'=SUM(1)" in graded["gradebook"].decode()  # the learner's name is text in a spreadsheet
     assert rows["alice"]["review"] == "" and rows["carol"]["review"] == ""
+    assert all(not graded["reports"][learner].get("forbidden") for learner in HONEST_BESIDE_ATTACKS)
 
 
 def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
-    rows = graded["rows"]
-    for learner in ("fake_marker", "patched_checker", "lying_values", "reads_disk", "kills_all", "edits_labkit"):
-        assert rows[learner]["total"] == "0", learner
+    rows, reports = graded["rows"], graded["reports"]
+    for learner in ("fake_marker", "patched_checker", "lying_values", "reads_disk", "kills_all", "edits_labkit",
+                    "forged_answers", "fifo", "socket_forgery", "kill_worker", *FORBIDDEN):
+        assert rows[learner]["total"] == "0", (learner, rows[learner])
+    for learner, exercise in CHEATS.items():
+        if learner != "lower_level":  # a lower-level torch name: flagged below, a zero cannot be decided
+            assert rows[learner][exercise] == "0", (learner, rows[learner])
+    for learner, needle in FORBIDDEN.items():
+        details = " ".join(line for result in reports[learner]["exercises"] for line in result["details"])
+        assert "may not" in details and needle in details, (learner, details)
+    # The answering step blocked: every exercise fails and says why.
+    for learner in ("fifo", "forged_answers"):
+        for result in reports[learner]["exercises"]:
+            assert result["points"] == 0
+    fifo = [result["details"][0] for result in reports["fifo"]["exercises"]]
+    assert all("answering step failed" in line for line in fifo), fifo
+    assert "could not be graded" in reports["kill_worker"]["exercises"][0]["details"][0]
     flagged = {learner: rows[learner]["review"] for learner in rows}
     expected = {"fake_marker": "pre_run_cell", "patched_checker": "labkit.exercises.checking",
                 "lying_values": "defines __eq__: a comparison or type that can lie", "watcher_off": "setprofile",
                 "recompiled": "__code__", "other_thread": "threading", "stack_peek": "_getframe",
                 "lower_level": "private torch name", "reads_disk": "solution notebooks",
-                "edits_labkit": "labkit.exercises.checking"}
+                "edits_labkit": "labkit.exercises.checking", "pool_reference": "executor",
+                "pool_started_early": "executor", "built_name": "getattr with a name built at run time",
+                "via_importlib": "importlib", "exec_base64": "exec", "course_scope": "labkit's reference answer",
+                "big_cell": "not reviewed", "forged_answers": "grader's folder"}
     for learner, needle in expected.items():
         assert needle in flagged[learner], (learner, flagged[learner])
     # The fake result line was never read as a result: nothing has 101 points, and no submission more than lab 00's.
     assert all(int(row["total"]) <= FULL for row in rows.values())
+
+
+def test_nothing_of_the_host_is_inside_the_wall(graded):
+    reports = graded["reports"]
+    seen = _errors(reports["host_secrets"])[0]
+    for secret in (ENV_SECRET, ENV_TOKEN, "LABKIT_GRADING_SECRET", "INSTRUCTOR_TOKEN", "HOME=/root"):
+        assert secret not in seen and secret not in json.dumps(reports["host_secrets"]), secret
+    first, own, shadow, uid_map = eval(seen.split(": ", 1)[1])  # noqa: S307 - the repr of a list of strings
+    assert first == ["LANG", "PATH"]  # bubblewrap's own environment: bare
+    assert "LABKIT_GRADING_SECRET" not in own and "INSTRUCTOR_TOKEN" not in own and "HOME" in own
+    assert shadow == "FileNotFoundError"
+    assert uid_map == ["65534", str(os.geteuid() if os.geteuid() else 65534), "1"]  # nobody outside, never root
+    assert _errors(reports["reads_worker"]) == ["RuntimeError: worker: PermissionError"]
 
 
 def test_nothing_outside_a_submission_changes(graded):
@@ -270,13 +433,17 @@ def test_limits_hold_for_the_whole_submission(graded):
         "the kernel ignored the interrupt at the time limit and was killed; it was skipped"]
     killed = reports["kills_all"]["exercises"]
     assert all(result["details"][0].startswith("could not be graded") for result in killed)
+    written = int(_errors(reports["disk_fill"])[0].split()[-2])  # /job and /tmp: 64 MB each at most
+    assert 0 < written <= 2 * 64
+    slow = {error["cell"]: error["error"] for error in reports["slow_cells"]["cell_errors"]}
+    assert 6 in slow and all("time budget of 30 s" in error for error in slow.values()), slow  # the last: not run
     assert all(report["limits"]["isolation"].startswith("bubblewrap") for report in reports.values()
                if "limits" in report)
 
 
-def test_a_regrade_gives_the_same_gradebook(graded):
-    assert (graded["again"] / "gradebook.csv").read_bytes() == graded["gradebook"]
+def test_a_regrade_gives_the_same_grades(graded):
     first = {r["learner"]: r["exercises"] for r in graded["reports"].values()}
-    assert {r["learner"]: r["exercises"] for r in graded["regraded"]} == first
+    again = {r["learner"]: r["exercises"] for r in graded["regraded"]}
+    assert again == {learner: first[learner] for learner in again} and len(again) == 2
     # The same submission handed in twice (alice, carol): the same random cases, the same verdicts.
     assert graded["reports"]["alice"]["seed"] == graded["reports"]["carol"]["seed"]
