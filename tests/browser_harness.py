@@ -175,7 +175,8 @@ def open_notebook(browser: Any, lab: JupyterLab, name: str, viewport: tuple[int,
     log = PageLog()
     log.attach(page)
     workspace = f"w{os.urandom(4).hex()}"
-    page.goto(f"{lab.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab.token}")
+    # 120 s, not the default 30: on a machine loaded by other jobs JupyterLab's page can take longer to load.
+    page.goto(f"{lab.url}/lab/workspaces/{workspace}/tree/{name}?reset&token={lab.token}", timeout=120_000)
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                            " && window.jupyterapp.shell.currentWidget.sessionContext", timeout=90_000)
     page.evaluate("""async () => {
