@@ -7,8 +7,10 @@ The rule, for every prediction exercise (``kind == "prediction"``) and the learn
   texts (the question it states, the hint a malformed answer shows) contains a rendering of the answer; in the
   sections before, no rendering of four characters or more ("1,015", "4.375": rarely there by chance);
 - **between the check and the next heading**: no committed output contains one either (a computed reveal is a
-  cell tagged ``reveal``, which the build commits empty in the learner copy); markdown there is fine, the
-  learner reads it after answering;
+  cell tagged ``reveal``, which the build commits empty in the learner copy);
+- **below the check, up to the next exercise** (its heading or its check, or the lab's closing sections): no
+  markdown gives the answer outside a ``<details>`` block. A learner scrolling down to the stub reads what
+  follows the check before answering; a reveal belongs in the reveal cell's output or in a ``<details>`` block;
 - **an explorer never opens at the setting a prediction asks about**, where the prediction names one.
 
 The answer comes from the exercise definition (labkit computing it), and is rendered the ways a notebook prints
@@ -16,7 +18,9 @@ it: an integer with and without thousands separators, a float at 2 to 4 signific
 a percentage), a choice in bold, quotes, backticks or parentheses, an order of names joined as a list. Short
 renderings (one or two characters, such as ``7``) are looked for only where they read as an answer (``**7**``,
 ``= 7``, ``: 7``, ``is 7``), since the bare digit is everywhere; a choice counts as given away only where it is
-singled out: shown in those forms more often than any other choice.
+singled out: shown in those forms more often than any other choice. An order of names is also given away by
+a sentence that names its first or last item as the most or least of something ("code is the most
+predictable").
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ def answer_patterns(truth: Any) -> list[str]:
         for item in truth:  # each string of a tuple of strings, as a choice
             if isinstance(item, str) and len(truth) <= 3:
                 patterns += _choice_forms(item)
+        if len(items) > 3 and all(isinstance(item, str) for item in truth):  # an order: its ends as superlatives
+            superlative = r"(the )?(most|least|lowest|highest|best|worst|easiest|hardest)\b"
+            patterns += [rf"\b{re.escape(end)}\b[^.;:\n]{{0,40}}?\b(is|are|was|comes?|ranks?) {superlative}"
+                         for end in (items[0], items[-1])]
         return patterns
     return [re.escape(str(truth))]
 
@@ -105,13 +113,44 @@ def answer_patterns(truth: Any) -> list[str]:
 LONG = 4  # renderings this long ("1,015", "4.375") are looked for in the whole notebook above the check
 
 
-def given_away(text: str, truth: Any, choices: tuple[Any, ...], long_only: bool = False) -> list[str]:
+_NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                 "twelve")
+
+
+def _after_the_check(truth: Any, choices: tuple[Any, ...]) -> list[str]:
+    """Renderings that read as the answer in the text just below a check, whatever else it names: "answer
+    **b**", a bold choice no other choice outnumbers (see given_away), a small count as a word opening a sentence
+    ("One channel of the 576 ...") or in bold."""
+    patterns = []
+    if isinstance(truth, str):
+        text = re.escape(truth)
+        patterns.append(rf"\b(answer|choice|letter)( is| was|:)? (\*\*)?\(?{text}\)?(\*\*)?(?![\w-])")
+    if (not choices and isinstance(truth, (int, float)) and not isinstance(truth, bool)
+            and float(truth).is_integer() and 0 <= truth < len(_NUMBER_WORDS)):
+        word = _NUMBER_WORDS[int(truth)]
+        patterns += [rf"(^|[.!?:]\s+){word.capitalize()}\b(?! of)", rf"\*\*{word}\*\*"]
+    return patterns
+
+
+def given_away(text: str, truth: Any, choices: tuple[Any, ...], long_only: bool = False,
+               after_check: bool = False) -> list[str]:
     """The snippets of ``text`` that give ``truth`` away (empty when none do); ``long_only``: only renderings
-    of at least LONG characters count (a number as long as "1,015" is rarely there by chance)."""
+    of at least LONG characters count (a number as long as "1,015" is rarely there by chance); ``after_check``:
+    ``text`` is read just below the check, where a bold choice counts unless another choice is shown more often,
+    and the forms of :func:`_after_the_check` count too."""
     found = []
+    if after_check:
+        for pattern in _after_the_check(truth, choices):
+            found += [text[max(0, m.start() - 60): m.end() + 60].replace("\n", " ") for m in re.finditer(pattern, text)]
+        if choices and re.search(rf"\*\*\(?{re.escape(str(truth))}\)?\*\*", text):
+            counts = {choice: sum(len(re.findall(p, text)) for p in _choice_forms(choice)) for choice in choices}
+            others = [count for choice, count in counts.items() if choice != truth]
+            if counts.get(truth, 0) >= max(others) and not all(others):  # a list of every choice is no answer
+                found += [text[max(0, m.start() - 60): m.end() + 60].replace("\n", " ")
+                          for m in re.finditer(rf"\*\*\(?{re.escape(str(truth))}\)?\*\*", text)]
     if long_only:
         if choices or not isinstance(truth, (int, float)) or isinstance(truth, bool):
-            return []
+            return found
         patterns = [rf"(?<![\w.,]){re.escape(form)}(?![\d.,]?\d)" for form in _number_forms(truth) if len(form) >= LONG]
         return [text[max(0, m.start() - 60): m.end() + 60].replace("\n", " ") for p in patterns
                 for m in re.finditer(p, text)]
@@ -122,7 +161,7 @@ def given_away(text: str, truth: Any, choices: tuple[Any, ...], long_only: bool 
 
         others = max((count(choice) for choice in choices if choice != truth), default=0)
         if count(truth) <= others:
-            return []
+            return found
         patterns = _choice_forms(truth)
     else:
         patterns = answer_patterns(truth)
@@ -198,9 +237,56 @@ def _is_heading(cell: dict) -> bool:
     return cell["cell_type"] == "markdown" and "".join(cell["source"]).lstrip().startswith("#")
 
 
+# Where the markdown below a check stops being read before answering: the next exercise, or the lab's end matter.
+_NEXT_EXERCISE = re.compile(r"^#{2,4} (Exercise\b|What you learned|Check your understanding|Your progress)", re.M)
+
+
+def _ends_the_answer_region(cell: dict) -> bool:
+    source = "".join(cell["source"])
+    if cell["cell_type"] == "code":
+        return bool(re.search(r"\bcheck\(", source))
+    return cell["cell_type"] == "markdown" and bool(_NEXT_EXERCISE.search(source))
+
+
+def _outside_details(markdown: str) -> str:
+    """The markdown a learner reads without opening anything: every ``<details>`` block removed."""
+    return re.sub(r"<details\b.*?</details>", " ", markdown, flags=re.S | re.I)
+
+
+def markdown_below_the_check(notebook: dict, check_at: int) -> list[tuple[int, str]]:
+    """(cell index, visible text) of each markdown cell after the check, up to the next exercise; a cell that
+    starts the next exercise counts up to that exercise's heading."""
+    found = []
+    for index in range(check_at + 1, len(notebook["cells"])):
+        cell = notebook["cells"][index]
+        if cell["cell_type"] == "code" and _ends_the_answer_region(cell):
+            break
+        if cell["cell_type"] != "markdown":
+            continue
+        source = "".join(cell["source"])
+        stop = _NEXT_EXERCISE.search(source)
+        found.append((index, _outside_details(source[:stop.start()] if stop else source)))
+        if stop:
+            break
+    return found
+
+
 # ----- the tests -----
 
 PREDICTIONS = [exercise for exercise in exercises() if exercise.kind == "prediction"]
+
+# Reveals this test found in notebooks whose fix had not landed when the rule was extended (#35 item 11): each
+# names the cell; non-strict, so the fix turns it into a pass without touching this file.
+KNOWN_REVEALS: dict[str, str] = {
+    "04.predict_outlier_channels": "lab 04 cell 9 (learner copy), just below the check: 'One channel (247) of the 576 "
+                                   "reaches 6' states the answer outside a <details> block (helper H6's notebook)",
+}
+
+
+def _prediction_params() -> list:
+    return [pytest.param(exercise, id=exercise.id, marks=[pytest.mark.xfail(reason=KNOWN_REVEALS[exercise.id],
+                                                                            strict=False)]
+                         if exercise.id in KNOWN_REVEALS else []) for exercise in PREDICTIONS]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +301,7 @@ def _home(notebooks: dict[str, dict], exercise_id: str) -> tuple[str, dict, int]
     return homes[0]
 
 
-@pytest.mark.parametrize("exercise", PREDICTIONS, ids=[exercise.id for exercise in PREDICTIONS])
+@pytest.mark.parametrize("exercise", _prediction_params())
 def test_no_answer_above_the_check(notebooks, exercise):
     name, notebook, check_at = _home(notebooks, exercise.id)
     truth = exercise.reference()
@@ -231,9 +317,12 @@ def test_no_answer_above_the_check(notebooks, exercise):
         if cell["cell_type"] == "code":
             problems += [f"{name} cell {index} (committed output below the check): …{snippet}…" for snippet in
                          given_away(_cell_text(notebook, cell), truth, exercise.choices)]
+    for index, text in markdown_below_the_check(notebook, check_at):
+        problems += [f"{name} cell {index} (markdown below the check, outside <details>): …{snippet}…"
+                     for snippet in dict.fromkeys(given_away(text, truth, exercise.choices, after_check=True))]
     for label, text in (("its question", exercise.hand_cases[0].label), ("its hint", " ".join(exercise.hints))):
         problems += [f"{exercise.id}, {label}: …{snippet}…"
-                     for snippet in given_away(text, truth, exercise.choices)]
+                     for snippet in dict.fromkeys(given_away(text, truth, exercise.choices, after_check=True))]
     assert not problems, f"the answer {truth!r} shows before the learner gives theirs:\n" + "\n".join(problems)
 
 
@@ -267,9 +356,27 @@ def test_explorers_do_not_open_at_the_asked_setting(notebooks, exercise_id):
     ("1, 2, 4 or 8 GPUs", 4, (1, 2, 4, 8), False),
     ("it takes **4** GPUs", 4, (1, 2, 4, 8), True),
     ("only 'A' survives", ("A", "AB"), (), True),
+    ("The spread is large: code is the most predictable, the poem the least.",
+     ["code", "news", "story", "poem"], (), True),
+    ("the code section is short; the poem has 153 tokens", ["code", "news", "story", "poem"], (), False),
+    ("The minimum is at $T = 1$, with 1.1 a hair behind", 1.0, (0.9, 1.0, 1.1), True),
 ])
 def test_the_rule_finds_answers_and_leaves_other_numbers(text, truth, choices, given):
     assert bool(given_away(text, truth, choices)) is given
+
+
+@pytest.mark.parametrize("text, truth, choices, given", [
+    ("agree within rounding: answer **b**. Samples (a), perplexities (c) and bit-identical logits (d) fail", "b",
+     ("a", "b", "c", "d"), True),
+    ("**b** is what the lesson asks; (a) and (c) are the others", "b", ("a", "b", "c", "d"), True),
+    ("FP16 fits on **4** H100s and INT4 on **2**", 4, (1, 2, 4, 8), True),
+    ("One channel (247) of the 576 reaches 6", 1, (), True),
+    ("One **prefill**, then decode calls", 1.0, (0.9, 1.0, 1.1), False),
+    ("one of the 576 channels is drawn in red", 1, (), False),
+    ("- **a**: one\n- **b**: two\n- **c**: three\n- **d**: four, read again", "b", ("a", "b", "c", "d"), False),
+])
+def test_just_below_a_check_a_singled_out_answer_counts(text, truth, choices, given):
+    assert bool(given_away(text, truth, choices, after_check=True)) is given
 
 
 def _informal_predictions(notebook: dict) -> list[int]:
@@ -304,3 +411,14 @@ def test_an_ungraded_prediction_is_answered_by_a_reveal(path):
             problems.append(f"cell {index} asks for a prediction; cell {answer}, which answers it, is not an empty "
                             "reveal in the learner copy")
     assert not problems, "\n".join(problems)
+
+
+def test_markdown_below_a_check_is_read_up_to_the_next_exercise_outside_details():
+    cells = [{"cell_type": "code", "source": ["check('x')"]},
+             {"cell_type": "markdown", "source": ["the answer is **b**"]},
+             {"cell_type": "markdown", "source": ["## A section\n<details><summary>why</summary>**b**</details>"]},
+             {"cell_type": "markdown", "source": ["more **b**\n\n### Exercise 9.9 — next\n**b** is not read"]},
+             {"cell_type": "markdown", "source": ["after the next exercise: **b**"]}]
+    below = markdown_below_the_check({"cells": cells}, 0)
+    assert [index for index, _ in below] == [1, 2, 3]
+    assert "**b**" not in below[1][1] and "is not read" not in below[2][1] and "more **b**" in below[2][1]
