@@ -173,8 +173,8 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     # Read once, before any of its code runs: a notebook that rewrites its own file changes nothing here.
     original = (job / "submission.ipynb").read_text(encoding="utf-8", errors="replace")
     step: _Step | None = None
-    spent = {"seconds": 0.0, "started": None}
     for _ in range(MAX_KERNEL_DEATHS + 1):
+        spent = {"seconds": 0.0, "started": None}  # per kernel: a kernel death costs at most one budget more
         if isolated:
             _kill_others(_ancestors())  # nothing a previous kernel left may touch the next one's start
         notebook = nbformat.reads(original, as_version=4)
@@ -198,13 +198,15 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
                           PYTHONNOUSERSITE="1")
         client = client_class(
             notebook, kernel_name="python3", allow_errors=True, interrupt_on_timeout=True, config=config,
-            timeout_func=lambda cell: answer_timeout_s if cell is notebook.cells[last] else cell_timeout_s,
+            # The grader's own first and last cells get the answering time (the first imports torch and labkit).
+            timeout_func=lambda cell: answer_timeout_s if cell is notebook.cells[0] or cell is notebook.cells[last]
+            else cell_timeout_s,
             error_on_timeout={"ename": "CellTimeout", "evalue": "", "traceback": []},
             resources={"metadata": {"path": str(job)}}, extra_arguments=["--IPKernelApp.ignore_cwd=True"],
         )
         client.output_budget = budget
 
-        def started(cell, cell_index, client=client, step=step, last=last):
+        def started(cell, cell_index, client=client, step=step, last=last, spent=spent):
             client.current_cell = cell_index
             now = time.monotonic()
             if spent["started"] is not None:
@@ -251,9 +253,10 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     step.wait(5)
     answers = step.answers if isinstance(step.answers, dict) else None
     prologue_error = errors.get(0)
-    answer_error = step.error or errors.get(last)
-    if prologue_error:
-        answer_error = f"the grader's first cell failed: {prologue_error}"
+    answer_error = step.error or errors.get(last) or (
+        None if step.answers else "it never ran (a cell of the notebook stopped it, or the kernel died)")
+    if prologue_error or (client.current_cell == 0 and not step.answers):
+        answer_error = f"the grader's first cell failed: {prologue_error or 'the kernel died in it'}"
     status = {"errors": {str(k - 1): v for k, v in errors.items() if k not in (0, last)},
               "answer_cell_error": None if answers and "answers" in answers else (answer_error or "no answers"),
               "skipped": {str(k): v for k, v in skipped.items()}, "output_dropped_bytes": client.output_dropped}
