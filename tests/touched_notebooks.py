@@ -34,7 +34,7 @@ def changed_paths() -> list[str]:
 def labs_touched(paths: list[str], solutions: dict[str, str]) -> list[str]:
     """The labs ("02") whose notebooks ``paths`` touch; ``solutions`` maps a lab to its solution notebook's text.
 
-    >>> labs_touched(["notebooks/02_loss.ipynb", "labkit/exercises/lab05.py", "labkit/core/paging.py", "README.md"],
+    >>> labs_touched(["notebooks/02_loss_perplexity.ipynb", "labkit/exercises/lab05.py", "labkit/core/paging.py"],
     ...              {"03": "from labkit.core import paging, numerics", "07": "import labkit.core.speedup"})
     ['02', '03', '05']
     """
