@@ -115,7 +115,7 @@ def test_generate_and_sampling_reject_a_string_temperature_alike():
 @pytest.mark.parametrize("call,error,name,value", [
     (lambda: generate(None, torch.tensor([[1, 2]]), -1), ValueError, "max_new_tokens", "-1"),
     (lambda: generate(None, torch.tensor([[1, 2]]), 3, seed=1.5), TypeError, "seed", "1.5"),
-    (lambda: generate(None, torch.tensor([[1.0, 2.0]]), 3), TypeError, "input_ids", "a torch.float32 tensor"),
+    (lambda: generate(None, torch.tensor([[1.0, 2.0]]), 3), TypeError, "token_ids", "a torch.float32 tensor"),
     (lambda: sampling_probs(torch.zeros(3), top_p=0), ValueError, "top_p", "0"),
     (lambda: top_k_filter(torch.zeros(3), "2"), TypeError, "top_k", "'2'"),
     (lambda: kv_cache_bytes(TOY, 1.5, 8), TypeError, "batch_size", "1.5"),
