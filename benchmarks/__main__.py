@@ -10,6 +10,7 @@ SUITES["outliers"] = lambda: __import__("benchmarks.outliers").outliers.main()  
 SUITES["browser"] = lambda: __import__("benchmarks.browser").browser.main()  # explorers in Chromium, event -> image
 SUITES["exercises"] = lambda: __import__("benchmarks.exercises").exercises.main()  # verdict time per exercise
 SUITES["timing"] = lambda: __import__("benchmarks.timing").timing.main()  # lab 06: roofline, decode floor, threads
+SUITES["decode"] = lambda: __import__("benchmarks.decode").decode.main()  # #32: labkit's forward per format vs floor
 SUITES["grading"] = lambda: __import__("benchmarks.grading").grading.main()  # a class on Dask: overhead, faults
 
 

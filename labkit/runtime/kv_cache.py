@@ -79,10 +79,10 @@ class KVCache:
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store one layer's new ``keys``/``values`` ``[batch, n_kv_heads, seq_len, head_dim]`` after what it holds;
         return every key and value to attend to, ``[batch, n_kv_heads, length + seq_len, head_dim]`` (views)."""
-        end = self.length + keys.shape[2]
-        self.keys[layer][:, :, self.length:end] = keys
-        self.values[layer][:, :, self.length:end] = values
-        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+        start, end = self.length, self.length + keys.shape[2]
+        self.keys[layer].narrow(2, start, end - start).copy_(keys)
+        self.values[layer].narrow(2, start, end - start).copy_(values)
+        return self.keys[layer].narrow(2, 0, end), self.values[layer].narrow(2, 0, end)
 
     def attention_mask(self, seq_len: int) -> torch.Tensor | None:
         """Which keys each new query sees, ``[batch or 1, 1, seq_len, length + seq_len]`` bool; None when every

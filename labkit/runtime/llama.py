@@ -32,13 +32,13 @@ import torch.nn.functional as F
 
 from labkit.core import validation
 from labkit.runtime.kv_cache import KVCache, new_capacity
-from labkit.runtime.weight_formats import FORMATS, FloatLinear, compute_dtype, make_linear, weight_bytes
+from labkit.runtime.weight_formats import FORMATS, compute_dtype, make_linear, weight_bytes
 
 FORWARDS = ("labkit", "transformers")
 
 
 class RMSNorm(torch.nn.Module):
-    """``x / sqrt(mean(x^2) + eps) * weight``, computed in float32 whatever the activations' dtype."""
+    """``x / sqrt(mean(x^2) + eps) * weight`` (Zhang and Sennrich 2019), torch's own kernel: float32 inside."""
 
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
@@ -46,17 +46,17 @@ class RMSNorm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The rotary embedding: each pair (x_i, x_{i + head_dim/2}) turned by its position's angle (Su et al. 2021,
-    in the half-split layout transformers' Llama uses). ``x`` ``[batch, heads, seq_len, head_dim]``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    """The rotary embedding (Su et al. 2021): each pair (x_i, x_{i + head_dim/2}) turned by its position's angle,
+    in the half-split layout of transformers' Llama. ``x`` ``[batch, heads, seq_len, head_dim]``.
+
+    The pair's new first half is x_i cos - x_{i+half} sin and its second x_{i+half} cos + x_i sin: ``x.roll(half)``
+    brings each partner in place and ``sin`` carries the minus sign on its first half (:meth:`Llama.__init__`).
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 class Attention(torch.nn.Module):
@@ -118,15 +118,12 @@ class Llama(torch.nn.Module):
         n_heads, n_kv_heads = config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
-        table = body.embed_tokens.weight
-        # The INT4 format keeps the tied matrix in INT8: an embedding lookup reads rows, which INT4's packing hides.
-        self.head = make_linear(table, "int8" if weights == "int4" else weights)
-        if module.lm_head.weight is not table:  # an untied head is its own matrix (not the embedded model)
-            self.embedding = self.head
-            self.head = make_linear(module.lm_head.weight, "int8" if weights == "int4" else weights)
-        else:
-            self.embedding = self.head
-
+        # The embedding lookup reads one row of the loaded table per token (shared, never copied); the head multiplies
+        # by the whole matrix, in the chosen format (the same tensor as the table in FP32, when the two are tied).
+        self.register_buffer("table", body.embed_tokens.weight.detach(), persistent=False)  # [vocab, d_model]
+        # INT4 keeps the head in INT8: its rounding errors go straight into every logit (llama.cpp's 4-bit files
+        # keep their output matrix at 6 bits for the same reason)
+        self.head = make_linear(module.lm_head.weight, "int8" if weights == "int4" else weights)
         def norm(source: torch.nn.Module) -> RMSNorm:
             return RMSNorm(source.weight.detach().to(self.dtype), source.variance_epsilon)
 
@@ -148,14 +145,17 @@ class Llama(torch.nn.Module):
         angles = torch.outer(positions, rotary.inv_freq.float())  # [max_positions, head_dim / 2]
         angles = torch.cat([angles, angles], dim=-1)
         scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        half = angles.shape[-1] // 2
+        signed = torch.cat([-angles[:, :half].sin(), angles[:, half:].sin()], dim=-1)  # rotate()'s minus sign
         self.register_buffer("cos", (angles.cos() * scaling).to(self.dtype), persistent=False)
-        self.register_buffer("sin", (angles.sin() * scaling).to(self.dtype), persistent=False)
+        self.register_buffer("sin", (signed * scaling).to(self.dtype), persistent=False)
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights one decode step reads: every matrix and norm once, the rotary tables left out (a step
-        reads one row of each) and the embedding counted once with the head it is tied to."""
-        return weight_bytes(self) - self.cos.numel() * self.cos.element_size() * 2
+        """Bytes of weights one decode step reads: every block's matrices and norms, the final norm and the head,
+        each once (the embedding table only as the head it is tied to; a step reads one row of it for the lookup,
+        and one row of each rotary table)."""
+        return weight_bytes(torch.nn.ModuleList([self.layers, self.norm, self.head]))
 
     def truncated(self, n_layers: int) -> "Llama":
         """The first ``n_layers`` blocks, then the final norm and head, sharing every weight (an early-exit draft)."""
@@ -183,7 +183,7 @@ class Llama(torch.nn.Module):
         cos = self.cos[position_ids].unsqueeze(1)  # [batch, 1, seq_len, head_dim]: one angle per position
         sin = self.sin[position_ids].unsqueeze(1)
         mask = cache.attention_mask(seq_len)  # None for one token without padding: it sees every cached key
-        x = self.embedding.rows(token_ids).to(self.dtype)  # [batch, seq_len, d_model]
+        x = F.embedding(token_ids, self.table).to(self.dtype)  # [batch, seq_len, d_model]
         for index, block in enumerate(self.layers):
             x = block(x, cos, sin, mask, cache, index)
         cache.advance(seq_len)
@@ -229,9 +229,11 @@ _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_at
 
 
 def _is_plain_llama(module: torch.nn.Module) -> bool:
-    """A transformers Llama whose layers are as loaded: plain Linears, no hooks (a capture or an edit runs
+    """A transformers Llama whose layers are as loaded: float32, plain Linears, no hooks (a capture or an edit runs
     through transformers, which calls them), no biases, SiLU."""
     if type(module).__name__ != "LlamaForCausalLM" or module.training:
+        return False
+    if any(p.dtype != torch.float32 for p in module.parameters()):  # a model cast to BF16 or FP16 runs as cast
         return False
     config = module.config
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False) or config.hidden_act != "silu":

@@ -6,18 +6,19 @@ forward (norms, rotary embedding, attention) is the same. Every matrix of a deco
 these layers hold are the bytes a step reads (:func:`weight_bytes`), and fewer bytes per weight is the whole point.
 
 * ``"fp32"``: the loaded weights themselves, shared (no copy), ``F.linear``.
-* ``"bf16"``: a bfloat16 copy; the forward then computes in bfloat16 (its norms in float32), as ``torch_dtype=
-  torch.bfloat16`` does in transformers. Half the bytes. The INT formats compute in bfloat16 too.
+* ``"bf16"``: a bfloat16 copy, packed once for oneDNN's matmul where it can be (:class:`PackedBf16Linear`); the
+  forward then computes in bfloat16 (its norms in float32), as ``torch_dtype=torch.bfloat16`` does in transformers.
+  Half the bytes. The INT formats compute in bfloat16 too.
 * ``"int8"``: weight-only INT8, one scale per output channel (symmetric, codes -127..127, ``core.quantization``'s
   grid), multiplied by ``torch._weight_int8pack_mm`` (the kernel gpt-fast and torchao call on CPU: it reads the
   int8 codes and scales the output). A quarter of the bytes, plus one bfloat16 scale per row.
 * ``"int4"``: weight-only INT4, an affine grid per group of ``INT4_GROUP_SIZE`` inputs (codes 0..15, a scale and a
   zero per group), packed two codes a byte by ``torch._convert_weight_to_int4pack_for_cpu`` and multiplied by
-  ``torch._weight_int4pack_mm_for_cpu`` (torchao's CPU int4 path). The tied embedding and output head stay INT8
-  (a row is read back at every token's lookup, and the packed layout cannot be indexed by row).
+  ``torch._weight_int4pack_mm_for_cpu`` (torchao's CPU int4 path).
 
-The tied embedding/output matrix is one tensor in every format: the head multiplies by it, the embedding reads one
-row of it per token (dequantized on the fly in INT8). Left out: activation quantization (lab 04 simulates it),
+The output head is the tied embedding matrix in the step's format; the embedding lookup reads its row from the
+loaded FP32 table (one row per token, 2,304 bytes: not what a step's time is made of), so no format needs rows of a
+packed matrix. Left out: activation quantization (lab 04 simulates it),
 GPTQ/AWQ-calibrated codes (round-to-nearest here), a quantized KV cache. Layer: runtime. Used by
 :mod:`labkit.runtime.llama` and lab 06.
 """
@@ -44,9 +45,28 @@ class FloatLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
 
-    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the matrix as an embedding table: ``[..., in]`` for ``token_ids`` ``[...]``."""
-        return F.embedding(token_ids, self.weight)
+
+class PackedBf16Linear(torch.nn.Module):
+    """A bfloat16 matrix packed once into oneDNN's blocked layout (the layout its matmul reads). ``F.linear`` on a
+    plain bfloat16 matrix repacks it at every call: measured here, the packed decode matmuls take 0.6 times as long.
+    The packed tensor has no plain storage (it is not a buffer); a copy unpacks and packs again."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), 1)  # tuned for 1 row
+        self.out_features = weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+
+    def __deepcopy__(self, memo: dict) -> "PackedBf16Linear":
+        return PackedBf16Linear(self.packed.to_dense())
+
+
+def _packs_bf16(weight: torch.Tensor) -> bool:
+    """oneDNN can pack this matrix: a CPU tensor, a torch built with oneDNN (mkldnn) and the private op present."""
+    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class Int8Linear(torch.nn.Module):
@@ -71,10 +91,6 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # the kernel takes a matrix [tokens, in]
         return torch._weight_int8pack_mm(flat, self.codes, self.scales).reshape(*x.shape[:-1], -1)
-
-    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Dequantized rows ``[..., in]`` (an embedding lookup reads one row per token)."""
-        return self.codes[token_ids].to(self.scales.dtype) * self.scales[token_ids].unsqueeze(-1)
 
     def dequantized(self) -> torch.Tensor:
         """The matrix these codes and scales stand for, float32 ``[out, in]``."""
@@ -116,6 +132,8 @@ def make_linear(weight: torch.Tensor, weights: str) -> torch.nn.Module:
     if weights == "fp32":
         return FloatLinear(weight.detach())  # the loaded tensor itself: no copy
     if weights == "bf16":
+        if _packs_bf16(weight):
+            return PackedBf16Linear(weight.detach())
         return FloatLinear(weight.detach().to(torch.bfloat16))
     if weights == "int8":
         return Int8Linear(weight.detach())
@@ -136,6 +154,6 @@ def weight_bytes(module: torch.nn.Module) -> int:
     """
     seen: dict[int, int] = {}
     for tensor in list(module.buffers()) + list(module.parameters()):
-        seen[tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()] = (
-            tensor.numel() * tensor.element_size())
-    return sum(seen.values())
+        seen[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    packed = sum(m.packed.numel() * m.packed.element_size() for m in module.modules() if isinstance(m, PackedBf16Linear))
+    return sum(seen.values()) + packed
