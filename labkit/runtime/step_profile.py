@@ -13,8 +13,10 @@ timing to quote; the step time itself comes from :mod:`labkit.runtime.timing`. L
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -62,7 +64,7 @@ def profile_decode(lm: Any, token_ids: torch.Tensor, steps: int = 6, *, threads:
         for _ in range(2):  # warm-up: the first steps pay for allocations and kernel choice
             logits, cache = decode_one_token(lm, token, cache)
             token = logits.argmax(dim=-1, keepdim=True)
-        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        with _kineto_quiet(), profile(activities=[ProfilerActivity.CPU]) as profiled:
             for _ in range(steps):
                 logits, cache = decode_one_token(lm, token, cache)
                 token = logits.argmax(dim=-1, keepdim=True)
@@ -72,3 +74,25 @@ def profile_decode(lm: Any, token_ids: torch.Tensor, steps: int = 6, *, threads:
     calls = sum(event.count for event in events)
     return StepProfile(matmul_us / steps / 1e6, (total_us - matmul_us) / steps / 1e6, round(calls / steps), steps,
                        held)
+
+
+@contextlib.contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null while the profiler starts and stops: torch 2.13's kineto writes two
+    ``USDT ... profiler_start/stop`` lines there with no setting to turn them off (neither KINETO_LOG_LEVEL nor
+    TORCH_CPP_LOG_LEVEL does), and a notebook would show them as errors. Python's own ``sys.stderr`` is left alone."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2 (an embedded interpreter): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
