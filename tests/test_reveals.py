@@ -277,10 +277,7 @@ PREDICTIONS = [exercise for exercise in exercises() if exercise.kind == "predict
 
 # Reveals this test found in notebooks whose fix had not landed when the rule was extended (#35 item 11): each
 # names the cell; non-strict, so the fix turns it into a pass without touching this file.
-KNOWN_REVEALS: dict[str, str] = {
-    "04.predict_outlier_channels": "lab 04 cell 9 (learner copy), just below the check: 'One channel (247) of the 576 "
-                                   "reaches 6' states the answer outside a <details> block (helper H6's notebook)",
-}
+KNOWN_REVEALS: dict[str, str] = {}  # none left: lab 04 cell 9's answer now sits in a <details> block
 
 
 def _prediction_params() -> list:
