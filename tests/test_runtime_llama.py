@@ -28,6 +28,17 @@ TEXT_PROMPTS = ("Once upon a time", "The capital of France is Paris. The capital
 N_NEW = 16
 
 
+@pytest.fixture(scope="module")
+def embedded():
+    """This file's own embedded model, loaded from the verified cache: the session's shared one may come here after a
+    test that left it unlike the loaded model (seen in the full suite: labkit's forward then refuses it)."""
+    from labkit.runtime.models import load_model
+
+    lm = load_model()
+    assert llama._is_plain_llama(lm.model), "a freshly loaded embedded model must run on labkit's forward"
+    return lm
+
+
 def course_prompts(lm):
     return [lm.chat_ids(p) for p in CHAT_PROMPTS] + [lm.text_ids(p) for p in TEXT_PROMPTS]
 
