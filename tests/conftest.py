@@ -131,3 +131,18 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: the order inside a scope is kept
+
+
+@pytest.fixture(autouse=True)
+def _shared_model_left_as_loaded():
+    """Every test leaves the session's embedded model as it was loaded: load_model() hands every later test on the
+    worker the same object, and one left cast, hooked, in training mode or with replaced Linears silently moves
+    them onto transformers' forward (seen in the full suite). A test that alters it works on a copy or restores it."""
+    yield
+    from labkit.runtime import llama, models
+
+    for key, loaded in list(models._loaded.items()):
+        if type(loaded.model).__name__ == "LlamaForCausalLM" and not llama._is_plain_llama(loaded.model):
+            models._loaded.pop(key)  # the next test gets a fresh one; this one fails and is named
+            pytest.fail(f"this test left the shared embedded model {key[0]!r} altered (cast, hooked, in training "
+                        "mode or with replaced Linears): work on a copy or restore it", pytrace=False)

@@ -28,17 +28,6 @@ TEXT_PROMPTS = ("Once upon a time", "The capital of France is Paris. The capital
 N_NEW = 16
 
 
-@pytest.fixture(scope="module")
-def embedded():
-    """This file's own embedded model, loaded from the verified cache: the session's shared one may come here after a
-    test that left it unlike the loaded model (seen in the full suite: labkit's forward then refuses it)."""
-    from labkit.runtime.models import load_model
-
-    lm = load_model()
-    assert llama._is_plain_llama(lm.model), "a freshly loaded embedded model must run on labkit's forward"
-    return lm
-
-
 def course_prompts(lm):
     return [lm.chat_ids(p) for p in CHAT_PROMPTS] + [lm.text_ids(p) for p in TEXT_PROMPTS]
 
@@ -53,6 +42,21 @@ class Loaded:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The forward against transformers'
+
+
+def test_transformers_own_hidden_state_hooks_leave_the_model_on_labkits_forward():
+    """transformers 5 leaves output-capturing hooks on a model after its first call with output_hidden_states=True;
+    they act only inside its own forward, so the model stays plain (they once moved every later test on the worker,
+    and a learner's notebook after lab 04's hidden states, onto transformers' forward)."""
+    module = tiny_llama()
+    assert llama._is_plain_llama(module)
+    with torch.inference_mode():
+        module(random_token_ids(module, 1, 4), output_hidden_states=True)
+    assert llama._is_plain_llama(module)
+    handle = module.model.layers[0].register_forward_hook(lambda *_: None)  # a hook of the learner's is not inert
+    assert not llama._is_plain_llama(module)
+    handle.remove()
+    assert llama._is_plain_llama(module)
 
 
 def test_the_tiny_llama_matches_transformers_at_every_position():

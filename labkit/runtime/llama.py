@@ -228,6 +228,12 @@ _LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_at
             "mlp.up_proj", "mlp.down_proj")
 
 
+def _inert(hook: Any) -> bool:
+    """A hook that does nothing outside transformers' own forward: transformers 5 installs these on the first call
+    with ``output_hidden_states=True`` and never removes them (they act only while its forward collects outputs)."""
+    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+
+
 def _is_plain_llama(module: torch.nn.Module) -> bool:
     """A transformers Llama whose layers are as loaded: float32, plain Linears, no hooks (a capture or an edit runs
     through transformers, which calls them), no biases, SiLU."""
@@ -241,7 +247,7 @@ def _is_plain_llama(module: torch.nn.Module) -> bool:
     if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
         return False
     for child in module.modules():
-        if child._forward_hooks or child._forward_pre_hooks:
+        if any(not _inert(hook) for hook in (*child._forward_hooks.values(), *child._forward_pre_hooks.values())):
             return False
     return all(type(layer.get_submodule(name)) is torch.nn.Linear
                for layer in module.model.layers for name in _LINEARS)
