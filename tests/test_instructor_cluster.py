@@ -41,7 +41,8 @@ def _free_port() -> int:
 
 def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-                   "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES), **env}
+                   "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(ALLOWED_FAILURES),
+                   "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION": "1.0", **env}  # as the README asks
     with open(log, "ab") as output:
         return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, env=environment,
                                 start_new_session=True)

@@ -412,7 +412,7 @@ def test_nothing_outside_a_submission_changes(graded):
     assert all(_digest(path) == digest for path, digest in graded["before"].items())  # classmates, itself
     checker, digest = graded["checker"]
     assert _digest(checker) == digest and _errors(reports["edits_labkit"]) == [
-        "RuntimeError: labkit is read-only: OSError"]
+        "RuntimeError: labkit is read-only: PermissionError"]
     # The process left behind is gone with its run: the gradebook, a classmate's report, the host untouched.
     assert (graded["out"] / "gradebook.csv").read_bytes() == graded["gradebook"]
     assert (graded["out"] / "reports" / "alice.json").read_bytes() == graded["alice_json"]

@@ -52,6 +52,35 @@ def test_a_copy_of_a_labkit_function_is_known_by_its_bytecode_under_any_name():
     assert watch._signature(own.__code__) not in copies
 
 
+def test_a_watched_function_may_not_start_a_thread_nor_call_a_copy_of_labkit():
+    """The second watcher on the answering step's thread: a thread started by the graded function (the reference
+    run there, out of the watcher's sight) and a call into a renamed copy of a labkit function are forbidden."""
+    import sys
+
+    import torch
+
+    def through_a_thread(logits, temperature):
+        box = []
+        worker = threading.Thread(target=lambda: box.append(sampling.softmax_with_temperature(logits, temperature)))
+        worker.start()
+        worker.join()
+        return box[0]
+
+    copy = types.FunctionType(sampling.softmax_with_temperature.__code__.replace(co_filename="cell.py"),
+                              vars(sampling))
+    state = {"forbidden": []}
+    with pytest.raises(PermissionError, match="may not start a thread"):
+        watch._watched(through_a_thread, state, _library, sys.getprofile, sys.setprofile)(torch.zeros(3), 1.0)
+    assert state["forbidden"] == ["starts a thread or process (start_new_thread)"]
+    state = {"forbidden": []}
+    watch._watched(copy, state, _library, sys.getprofile, sys.setprofile)(torch.zeros(3), 1.0)
+    assert state["forbidden"][0].startswith("calls a copy of labkit.core.sampling.") and sys.getprofile() is None
+    honest = {"forbidden": []}
+    probs = watch._watched(lambda logits, t: torch.softmax(logits / t, -1), honest, _library, sys.getprofile,
+                           sys.setprofile)(torch.zeros(4), 1.0)
+    assert honest["forbidden"] == [] and probs.tolist() == [0.25] * 4
+
+
 def test_answer_plan_calls_each_function_on_its_cases_and_says_what_is_missing():
     from labkit.instructor import judging
 

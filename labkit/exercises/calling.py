@@ -104,6 +104,13 @@ def _snapshot(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+# The grader's own code that runs while a learner's function runs (labkit.instructor.watch): PASS_THROUGH, the
+# wrapper that calls the learner's function (the tripwire looks past it, at what it calls); OPAQUE, the audit
+# hook the interpreter calls on the learner's events (the tripwire does not look inside, as for an allowed helper).
+PASS_THROUGH: set[Any] = set()
+OPAQUE: set[Any] = set()
+
+
 def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str, Any], None]:
     """A profile hook that names the first labkit function (or forbidden torch function) the learner's code calls.
 
@@ -123,11 +130,11 @@ def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str,
             if inside_allowed or outcome.called_forbidden:
                 return
             code = frame.f_code
-            if code in allowed:
+            if code in allowed or code in OPAQUE:
                 inside_allowed.append(frame)
             elif code in forbidden:
                 outcome.called_forbidden = forbidden[code]
-            else:
+            elif code not in PASS_THROUGH:
                 outcome.called_forbidden = _labkit_name(code)
         elif event == "return":
             if inside_allowed and frame is inside_allowed[-1]:

@@ -43,6 +43,10 @@ PLUGIN = "labkit-grader"
 REFUSED = "labkit-refused"
 STARTED = "labkit-started"
 ALLOWED_FAILURES = 3  # a submission whose worker dies 4 times is reported, not retried for ever
+# One submission per worker thread, none queued behind it on the worker: when a submission kills its worker,
+# Dask counts every task assigned to that worker as suspicious, so a queued classmate would lose one of its
+# allowed failures to a death it had no part in (seen: an honest row became "could not be graded").
+WORKER_SATURATION = 1.0
 PENDING = "not set up yet"  # a worker whose checks are still running
 GRADER_MEMORY_BYTES = 2 * 2**30  # what the grader process itself needs (the model for the judge, the libraries)
 
@@ -216,6 +220,7 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
     if scheduler is None:
         # Workers not daemonic: a grader may start processes of its own (a daemonic process cannot).
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+                              "distributed.scheduler.worker-saturation": WORKER_SATURATION,
                               "distributed.worker.daemon": False}):
             cluster = LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, memory_limit=0,
                                    security=Security.temporary(), protocol="tls://", host="127.0.0.1",
@@ -229,7 +234,19 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
         return
     scheme = check_scheduler(scheduler, insecure_plain_tcp=insecure_plain_tcp)
     with Client(scheduler, security=security, timeout=30) as client:
+        saturation = client.run_on_scheduler(_worker_saturation)
+        if saturation != WORKER_SATURATION:
+            import warnings
+
+            warnings.warn(f"the scheduler's distributed.scheduler.worker-saturation is {saturation}: a worker may "
+                          "hold a second submission behind the one it runs, and when a submission kills its worker "
+                          "Dask counts that classmate's death too; start the scheduler with "
+                          "DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION=1.0", stacklevel=3)
         yield client, scheme == "tls"
+
+
+def _worker_saturation(dask_scheduler: Any) -> float:
+    return dask_scheduler.WORKER_SATURATION
 
 
 class ClassRun:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.instructor.judging import JUDGE, grading_secret, judge, plan, submission_seed
-from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.kernel_limits import SUBMISSION_BYTES, Limits
 
 # Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
 # move the instructor's cursor, recolour the terminal or rewrite its title.
@@ -54,7 +54,7 @@ def printable(value: Any) -> Any:
         return {key: printable(item) for key, item in value.items()}
     return value
 KERNEL_LOG_LINES = 20
-MAX_NOTEBOOK_BYTES = 32 * 2**20  # a submission larger than this is not read
+MAX_NOTEBOOK_BYTES = SUBMISSION_BYTES  # a submission larger than this is not read
 MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
 
 

@@ -45,6 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CPU_GRACE_S = 5  # between SIGXCPU (soft limit) and SIGKILL (hard limit)
+SUBMISSION_BYTES = 32 * 2**20  # the largest notebook the grader reads: the wall must be able to hold it
+
+
+def file_limit_bytes(limits: "Limits") -> int:
+    """RLIMIT_FSIZE of the run: the output limit, but never below the submission itself (written into the wall
+    under this limit; the folders' own size limit bounds the disk)."""
+    return max(limits.output_mb * 2**20, SUBMISSION_BYTES)
 
 
 @dataclass(frozen=True)
@@ -189,7 +196,8 @@ class Confinement:
         return {"memory": f"{limits.memory_mb} MB address space per process (RLIMIT_AS)", "total memory": total,
                 "cpu": f"{limits.cpu_seconds} CPU seconds per process (RLIMIT_CPU)", "processes": procs,
                 "wall": f"{limits.wall_seconds} s for the whole notebook (then everything it runs is killed)",
-                "output": f"{limits.output_mb} MB of printed output kept, and per file written (RLIMIT_FSIZE)",
+                "output": f"{limits.output_mb} MB of printed output kept",
+                "file": f"{file_limit_bytes(limits) // 2**20} MB per file written (RLIMIT_FSIZE)",
                 "disk": f"{limits.disk_mb} MB for the submission's folders together (a filesystem of that size)",
                 "budget": f"{limits.budget_seconds} s for the notebook's cells together (later cells are not run)"}
 
@@ -269,7 +277,7 @@ def apply_limits(limits: Limits, cgroups: list[Path], user: int | None = None,
     memory_bytes = limits.memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + CPU_GRACE_S))
-    file_bytes = limits.output_mb * 2**20
+    file_bytes = file_limit_bytes(limits)
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
     if user is not None and os.geteuid() == 0:
         _stage(stage)

@@ -107,6 +107,8 @@ def install(fd: int, lab: str) -> None:
             if event == "open" and not sensitive_open(args[0] if args else None):
                 return
             if event == "sys.setprofile" and state["step"] and frame.f_code not in state["setters"]:
+                if state.pop("unset", False) and args == ():
+                    return
                 forbid(_WHAT[event], frame)
             if event in _IN_STEP:
                 if state["step"] and (learner or not event.startswith("sys.")):
@@ -140,6 +142,11 @@ def install(fd: int, lab: str) -> None:
     state["setters"] = {calling.call_safely.__code__, *(c for c in _watched.__code__.co_consts
                                                          if getattr(c, "co_name", None) == "call")}
     del deadline
+    # CPython suspends profiling and tracing inside audit hooks unless the hook says it may be traced: without
+    # this the step (which runs inside the hook) would call the learner's functions with no watcher and no
+    # tripwire at all. Nothing of the learner's can set a profile (sys.setprofile is forbidden above).
+    hook.__cantrace__ = True
+    calling.OPAQUE.add(hook.__code__)  # the checker's tripwire does not look inside the grader's own hook
     sys.addaudithook(hook)
 
 
@@ -196,7 +203,11 @@ def _watched(function: Callable, state: dict, is_library: Callable[[str], bool],
     import _thread
     import os
 
-    copies = state.setdefault("copies", None) or state.setdefault("copies", _labkit_signatures())
+    from labkit.exercises import calling
+
+    copies = state.get("copies")
+    if copies is None:  # built once per kernel, at the first watched call
+        copies = state["copies"] = _labkit_signatures()
     spawners = {_thread.start_new_thread, os.fork, getattr(os, "forkpty", None), os.system, os.posix_spawn,
                 os.posix_spawnp, os.execv, os.execve}
     seen: dict[Any, bool] = {}
@@ -213,6 +224,7 @@ def _watched(function: Callable, state: dict, is_library: Callable[[str], bool],
                     state["forbidden"].append(f"calls a copy of {copies[_signature(code)]}")
             elif event == "c_call" and arg in spawners:
                 state["forbidden"].append(f"starts a thread or process ({getattr(arg, '__name__', arg)})")
+                state["unset"] = True  # CPython unsets a profile function that raises: that one is not the learner's
                 raise PermissionError("labkit grade: a graded function may not start a thread or process")
             if tripwire is not None:
                 tripwire(frame, event, arg)
@@ -223,6 +235,7 @@ def _watched(function: Callable, state: dict, is_library: Callable[[str], bool],
         finally:
             setprofile(tripwire)
 
+    calling.PASS_THROUGH.add(call.__code__)  # the checker's tripwire looks past this wrapper, at the learner's code
     return call
 
 

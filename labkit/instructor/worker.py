@@ -93,14 +93,22 @@ class _Step:
         self.answers: Any = None
         self.error: str | None = None
         self.thread: threading.Thread | None = None
+        self.armed = threading.Event()
 
     def start(self) -> None:
+        """Start the step's thread now, before any learner cell: a notebook that used up its process limit (forked
+        children, even killed ones, count until their parent reaps them) must not keep the grader from answering.
+        It waits until :meth:`arm` (the grader's last cell)."""
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def arm(self) -> None:
+        self.armed.set()
 
     def _run(self) -> None:
         from labkit.instructor import wire
 
+        self.armed.wait()
         fd = self.sock.fileno()
         try:
             for _ in range(1000):  # what a learner cell left on the socket is skipped: only a signed "go" counts
@@ -126,7 +134,7 @@ class _Step:
             self.error = f"{type(error).__name__}: {error}"[:300]
 
     def wait(self, timeout_s: float) -> None:
-        if self.thread is not None:
+        if self.thread is not None and self.armed.is_set():  # never armed: it has nothing to finish
             self.thread.join(timeout=timeout_s)
 
 
@@ -184,6 +192,7 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
         key = os.urandom(32)
         wire.send_frame(ours.fileno(), key)
         step = _Step(ours, key, grader, answer_timeout_s)
+        step.start()
         notebook.cells.insert(0, nbformat.v4.new_code_cell(_PROLOGUE.format(fd=kernels.fileno(), lab=lab)))
         notebook.cells.append(nbformat.v4.new_code_cell(_ANSWER_CELL))
         last = len(notebook.cells) - 1
@@ -220,7 +229,7 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
                 process = getattr(client, "kernel_process", None)
                 if isolated and process is not None:
                     _kill_others(_ancestors() | {process.pid})
-                step.start()
+                step.arm()
 
         def executed(cell, cell_index, execute_reply, errors=errors):
             for output in cell.get("outputs", []):
