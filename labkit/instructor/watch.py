@@ -193,7 +193,9 @@ def _labkit_signatures() -> dict[tuple, str]:
             for member in members:
                 member = getattr(member, "__func__", member)
                 if isinstance(member, types.FunctionType) and len(member.__code__.co_code) >= 24:
-                    found[_signature(member.__code__)] = f"{name}.{getattr(member, '__qualname__', attribute)}"
+                    # named where it is defined, not where it was found (a module that imports it holds it too)
+                    owner = getattr(member, "__module__", None) or name
+                    found[_signature(member.__code__)] = f"{owner}.{getattr(member, '__qualname__', attribute)}"
     return found
 
 
