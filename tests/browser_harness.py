@@ -6,7 +6,7 @@ browser`` (how fast it feels, ``benchmarks/browser.py``) imports it from here, s
 
 - :class:`JupyterLab` starts a server on a free localhost port with its own config, data, runtime and settings
   folders (nothing of the user's is read or written), on a copy of the learner notebooks (autosave never touches
-  the repository), kernels at ``OMP_NUM_THREADS=1``, and stops it by its own process id;
+  the repository), kernels at ``OMP_NUM_THREADS=1`` unless told otherwise, and stops it by its own process id;
 - :func:`open_notebook` opens one notebook in a fresh workspace, :func:`run_all` runs every cell and waits for
   the kernel to go idle with no cell left queued or running;
 - :func:`explorers` finds every explorer on the page (a widget output holding an image), :func:`drive` moves
@@ -39,6 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "build" / "browser"  # screenshots for a person to look at (git ignores build/)
 CAPTION = "labkit-alt"  # labkit.explorers.canvas.CAPTION_CLASS, the class the scripts below look for (a test compares)
+# At more than one thread a kernel's OpenMP threads sleep when they have no work instead of spinning: beside other
+# busy processes (the other test workers, Chromium) spinning threads steal each other's turns. Measured here: lab
+# 02's learner copy, two runs at once at two threads each, 90 s a run spinning and 14 s sleeping (14 s at one
+# thread). Only the speed changes: the work is split across the same threads, so the sums come out the same.
+PASSIVE = "PASSIVE"
 VIEWPORTS = {"1280x800, file browser open": (1280, 800, True), "1024x768, file browser closed": (1024, 768, False)}
 
 
@@ -71,8 +76,9 @@ def saved_explorer_outputs(notebook: Path) -> int:
 class JupyterLab:
     """JupyterLab on 127.0.0.1 with everything of its own in a temporary folder; a context manager."""
 
-    def __init__(self, notebooks: list[Path]):
+    def __init__(self, notebooks: list[Path], kernel_threads: str | None = "1"):
         self.notebooks = notebooks
+        self.kernel_threads = kernel_threads  # the kernels' OMP_NUM_THREADS; None: the machine's default
         self.home = Path(tempfile.mkdtemp(prefix="labkit-browser-"))
         self.token = os.urandom(12).hex()
         self.port = _free_port()
@@ -102,9 +108,13 @@ class JupyterLab:
         env = {**os.environ, "JUPYTER_CONFIG_DIR": str(folders["config"]), "JUPYTER_DATA_DIR": str(folders["data"]),
                "JUPYTER_RUNTIME_DIR": str(folders["runtime"]), "JUPYTERLAB_SETTINGS_DIR": str(folders["settings"]),
                "JUPYTERLAB_WORKSPACES_DIR": str(folders["workspaces"]), "IPYTHONDIR": str(folders["ipython"]),
-               "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "OMP_NUM_THREADS": self.kernel_threads or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "LABKIT_PROGRESS": str(self.home / "progress.json")}
         env.pop("JUPYTER_PATH", None)
+        if self.kernel_threads is None:
+            env.pop("OMP_NUM_THREADS")
+        if self.kernel_threads != "1":
+            env.setdefault("OMP_WAIT_POLICY", PASSIVE)
         command = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
                    f"--ServerApp.token={self.token}", f"--ServerApp.root_dir={root}",
                    "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False",
@@ -232,6 +242,71 @@ def outputs(page: Any) -> list[dict[str, Any]]:
         });
         return found;
     }""")
+
+
+def checked_output_differences(notebook: Path, shown: list[dict[str, Any]]) -> list[str]:
+    """How the outputs the page shows differ from ``notebook``'s saved ones, in the cells nbval checks.
+
+    The browser's Run All is the learner notebook's nbval run (``make test`` does not execute it a third time):
+    the cells nbval would check under ``--nbval-lax`` (tag ``nbval-check-output`` or its comment marker) are
+    compared here by nbval's own code (its marker parsing, stream merging, sanitizing with
+    ``tests/nbval_sanitize.cfg`` and ``IPyNbCell.compare_outputs``), so the check is the one nbval makes. ``shown``
+    is :func:`outputs`. One line per cell that differs, with nbval's own account of the difference.
+    """
+    import nbformat
+    from nbval import plugin
+
+    notebook_node = nbformat.read(notebook, as_version=4)
+    patterns = plugin.get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text())
+    by_cell: dict[int, list[Any]] = {}
+    for output in shown:
+        output = dict(output)
+        index = output.pop("cell")
+        for key in ("text",):  # JupyterLab may hand back a list of lines where the file holds one string
+            if isinstance(output.get(key), list):
+                output[key] = "".join(output[key])
+        if isinstance(output.get("data"), dict):
+            output["data"] = {mime: "".join(value) if isinstance(value, list) else value
+                              for mime, value in output["data"].items()}
+        by_cell.setdefault(index, []).append(nbformat.from_dict(output))
+    differences = []
+    for index, cell in enumerate(notebook_node.cells):
+        if cell.cell_type != "code" or cell.execution_count is None:
+            continue
+        options = dict(plugin.find_metadata_tags(cell.metadata))
+        options.update(plugin.find_comment_markers(cell.source))
+        if not options.get("check", False):  # --nbval-lax: only the marked cells are compared
+            continue
+        comparison = _NbvalCell(patterns)
+        if not comparison.compare_outputs(plugin.coalesce_streams(by_cell.get(index, [])),
+                                          plugin.coalesce_streams(cell.outputs)):
+            differences.append(f"cell {index}: " + "\n".join(map(str, comparison.comparison_traceback))[:1500])
+    return differences
+
+
+class _NbvalCell:
+    """What nbval's ``IPyNbCell.compare_outputs`` reads of the cell it runs in, around outputs from the browser.
+
+    ``skip_compare`` is ``IPyNbFile``'s own list without ``--nbdime`` (nbval builds it in the constructor of a
+    collector that needs a pytest session, so it is restated here; tests/test_browser.py checks it against nbval's).
+    """
+
+    from nbval.plugin import IPyNbCell as _Cell, nocolors as colors
+
+    SKIP_COMPARE = ("metadata", "traceback", "prompt_number", "output_type", "name", "execution_count",
+                    "application/vnd.jupyter.widget-view+json", "image/png", "image/jpeg")
+    compare_outputs = _Cell.compare_outputs
+    format_output_compare = _Cell.format_output_compare
+    sanitize = _Cell.sanitize
+
+    def __init__(self, patterns: list[tuple[str, str]]) -> None:
+        from collections import OrderedDict
+        from types import SimpleNamespace
+
+        self.parent = SimpleNamespace(skip_compare=self.SKIP_COMPARE, sanitize_patterns=OrderedDict(patterns))
+        self.ihook = SimpleNamespace(pytest_assertrepr_compare=lambda **kwargs: [])  # nbval's plain diff, then
+        self.config = None
+        self.comparison_traceback: list[str] = []
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -53,6 +53,8 @@ def pytest_runtest_setup(item):
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = threads
+        if threads != "1" and IN_WORKER:  # beside the other workers, idle OpenMP threads sleep (browser_harness)
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
@@ -92,8 +94,10 @@ SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_gradi
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
         "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
         "tests/test_packaging.py::test_lab_command_serves_the_notebooks_on_localhost", "tests/test_browser.py")
-# Longest first: the attack suite's class (about 3 minutes), then lab 02's notebooks and the other long files.
-FIRST = ("tests/test_instructor_grading_attacks.py", "notebooks/solutions/02_", "notebooks/02_",
+# Longest first: the attack suite's class (about 3 minutes), the browser test's notebooks (a scope each, under
+# `make test`), then lab 02's notebooks and the other long files.
+FIRST = ("tests/test_instructor_grading_attacks.py", *(f"tests/test_browser.py::TestLab{lab}" for lab in (
+    "01", "04", "06", "07", "02", "05", "00", "03")), "notebooks/solutions/02_", "notebooks/02_",
          "tests/test_instructor_grading.py", "tests/test_reveals.py", "notebooks/solutions/04_", "notebooks/04_",
          "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",
          "notebooks/solutions/05_", "notebooks/05_", "notebooks/solutions/07_", "notebooks/07_",

@@ -1,7 +1,8 @@
 """Every learner notebook in a real browser, as a learner would use it: JupyterLab on localhost, Chromium.
 
 For each notebook: open it in a fresh workspace, Run All, wait for the kernel to go idle; no error output, no
-browser-console error. For each explorer found on the page: every kind of control (slider by keyboard,
+browser-console error, and every output nbval checks equal to the saved one (compared by nbval's own code: this
+Run All is the learner notebook's nbval run under ``make test``, which does not execute it again). For each explorer found on the page: every kind of control (slider by keyboard,
 dropdown, toggle, button) changes the picture and the numbers; and at 1280x800 with the file browser open and
 at 1024x768 with it closed, every readout and handle is on top, no label is cut, images keep their aspect, the
 explorer fits the output area, and its controls and figure fit one screen. Every picture has a text alternative
@@ -19,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 import browser_harness as browser
+from conftest import notebook_threads
 from labkit.explorers.canvas import CAPTION_CLASS
 
 pytestmark = pytest.mark.browser
@@ -34,14 +36,32 @@ def lab():
     assert browser.CAPTION == CAPTION_CLASS, "the harness looks for another caption class than labkit draws"
     from playwright.sync_api import sync_playwright
 
-    with browser.JupyterLab(NOTEBOOKS) as server, sync_playwright() as playwright:
+    # The learner copies' kernels at the machine's thread count, as under nbval (conftest.notebook_threads): the
+    # solution copies run at one thread in the suite, so every checked output is still proven at both.
+    threads = notebook_threads(NOTEBOOKS[0])
+    with browser.JupyterLab(NOTEBOOKS, kernel_threads=threads) as server, sync_playwright() as playwright:
         chromium = browser.launch(playwright)
         yield server, chromium
         chromium.close()
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
-def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
+def _lab_class(notebook):
+    """A test class for one notebook: pytest-xdist's ``--dist loadscope`` (``make test``) hands each class to a
+    worker of its own choosing, so the notebooks spread over the workers beside the rest of the suite."""
+
+    @pytest.mark.parametrize("notebook", [notebook], ids=[notebook.stem])
+    def test_notebook_runs_in_the_browser_and_its_explorers_answer(self, lab, notebook):
+        _runs_and_answers(lab, notebook)
+
+    name = f"TestLab{notebook.stem[:2]}"
+    return name, type(name, (), {"test_notebook_runs_in_the_browser_and_its_explorers_answer":
+                                 test_notebook_runs_in_the_browser_and_its_explorers_answer})
+
+
+globals().update(_lab_class(notebook) for notebook in NOTEBOOKS)
+
+
+def _runs_and_answers(lab, notebook):
     server, chromium = lab
     page, log = browser.open_notebook(chromium, server, notebook.name, browser.VIEWPORTS["1280x800, file browser open"])
     try:
@@ -56,6 +76,8 @@ def test_notebook_runs_in_the_browser_and_its_explorers_answer(lab, notebook):
         assert not errors, errors
         stderr = [f"cell {o['cell']}: {o['text'][:200]!r}" for o in outputs if o.get("name") == "stderr"]
         assert not stderr, f"the learner sees warnings or progress bars: {stderr}"
+        differences = browser.checked_output_differences(notebook, outputs)
+        assert not differences, "checked outputs differ from the saved notebook:\n" + "\n".join(differences)
         pictures = browser.picture_texts(page)
         silent = [f"cell {p['cell']}" for p in pictures if not p["alt"]]
         assert not silent, f"pictures without a text alternative: {silent}"
