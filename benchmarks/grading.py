@@ -81,8 +81,10 @@ def _kill_one_worker_when(store: Path, count: int, killed: list[int]) -> None:
 
     while len(list(store.glob("*.json"))) < count:
         time.sleep(0.2)
-    workers = [child for child in psutil.Process().children(recursive=True)
-               if child.parent() is not None and child.parent().pid != os.getpid()]
+    # A LocalCluster's nannies run in this process and start each worker as a child of it, by multiprocessing's
+    # spawn (the resource tracker, the other child, is not one).
+    workers = [child for child in psutil.Process().children()
+               if "spawn_main" in " ".join(child.cmdline())]
     if workers:
         os.kill(workers[0].pid, signal.SIGKILL)
         killed.append(workers[0].pid)
