@@ -2,6 +2,7 @@
 copy detector. (The audit hook and the signed step run in the learner's kernel: the attack suite,
 tests/test_instructor_grading_attacks.py, holds them to their word inside the real wall.)"""
 
+import os
 import threading
 import time
 import types
@@ -9,12 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import labkit
 from labkit.core import sampling
 from labkit.instructor import watch
 
 
+LABKIT_DIR = os.path.dirname(os.path.abspath(labkit.__file__)) + os.sep  # the package, not a checkout named labkit
+
+
 def _library(filename: str) -> bool:
-    return "site-packages" in filename or "/lib/python3" in filename or "/labkit/" in filename
+    return "site-packages" in filename or "/lib/python3" in filename or os.path.abspath(filename).startswith(LABKIT_DIR)
 
 
 def test_a_thread_or_pool_the_notebook_left_running_is_forbidden_at_the_step():
