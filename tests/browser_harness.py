@@ -108,12 +108,11 @@ class JupyterLab:
         env = {**os.environ, "JUPYTER_CONFIG_DIR": str(folders["config"]), "JUPYTER_DATA_DIR": str(folders["data"]),
                "JUPYTER_RUNTIME_DIR": str(folders["runtime"]), "JUPYTERLAB_SETTINGS_DIR": str(folders["settings"]),
                "JUPYTERLAB_WORKSPACES_DIR": str(folders["workspaces"]), "IPYTHONDIR": str(folders["ipython"]),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "OMP_NUM_THREADS": self.kernel_threads or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "LABKIT_PROGRESS": str(self.home / "progress.json")}
         env.pop("JUPYTER_PATH", None)
-        env.pop("OMP_NUM_THREADS", None)
-        if self.kernel_threads is not None:
-            env["OMP_NUM_THREADS"] = self.kernel_threads
+        if self.kernel_threads is None:
+            env.pop("OMP_NUM_THREADS")
         if self.kernel_threads != "1":
             env.setdefault("OMP_WAIT_POLICY", PASSIVE)
         command = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
@@ -263,8 +262,9 @@ def checked_output_differences(notebook: Path, shown: list[dict[str, Any]]) -> l
     for output in shown:
         output = dict(output)
         index = output.pop("cell")
-        if isinstance(output.get("text"), list):  # JupyterLab may hand back lines where the file holds one string
-            output["text"] = "".join(output["text"])
+        for key in ("text",):  # JupyterLab may hand back a list of lines where the file holds one string
+            if isinstance(output.get(key), list):
+                output[key] = "".join(output[key])
         if isinstance(output.get("data"), dict):
             output["data"] = {mime: "".join(value) if isinstance(value, list) else value
                               for mime, value in output["data"].items()}
@@ -288,7 +288,7 @@ class _NbvalCell:
     """What nbval's ``IPyNbCell.compare_outputs`` reads of the cell it runs in, around outputs from the browser.
 
     ``skip_compare`` is ``IPyNbFile``'s own list without ``--nbdime`` (nbval builds it in the constructor of a
-    collector that needs a pytest session, so it is restated here; tests/test_browser_harness.py checks it).
+    collector that needs a pytest session, so it is restated here; tests/test_browser.py checks it against nbval's).
     """
 
     from nbval.plugin import IPyNbCell as _Cell, nocolors as colors
@@ -304,7 +304,7 @@ class _NbvalCell:
         from types import SimpleNamespace
 
         self.parent = SimpleNamespace(skip_compare=self.SKIP_COMPARE, sanitize_patterns=OrderedDict(patterns))
-        self.ihook = SimpleNamespace(pytest_assertrepr_compare=lambda **kwargs: [])  # nbval's own plain diff
+        self.ihook = SimpleNamespace(pytest_assertrepr_compare=lambda **kwargs: [])  # nbval's plain diff, then
         self.config = None
         self.comparison_traceback: list[str] = []
 

@@ -53,8 +53,8 @@ def pytest_runtest_setup(item):
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
             os.environ["OMP_NUM_THREADS"] = threads
-        if threads != "1" and IN_WORKER:  # beside the other workers, idle OpenMP threads sleep
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # (measured: browser_harness.PASSIVE)
+        if threads != "1" and IN_WORKER:  # beside the other workers, idle OpenMP threads sleep (browser_harness)
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
