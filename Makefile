@@ -49,7 +49,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanit
 TEST_ALL_JOBS ?= 3
 test: setup chromium
 	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
-	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_ALL_JOBS) --dist loadscope --no-loadscope-reorder -rs \
+	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_ALL_JOBS) --dist loadscope --no-loadscope-reorder -rs --hypothesis-profile ci \
 	  --durations 15 $(NBVAL) tests labkit $$(test -x $(CHROMIUM) && echo notebooks/solutions || echo notebooks)
 
 test-suite: setup

@@ -16,6 +16,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import hypothesis
 import pytest
 
 # Set before any kernel or subprocess starts, so nbval's kernels inherit them: the workbook must run offline.
@@ -33,6 +34,13 @@ if IN_WORKER:
     import torch
 
     torch.set_num_threads(1)
+
+# Hypothesis: `make test` (and so CI) loads the "ci" profile: the same examples every run (derandomize), so a red run
+# is red again on the next machine, and a failure prints the blob that replays it; `make quick` and a plain pytest
+# draw new examples each run ("dev"). Every counterexample ever found stays in its test as an @example.
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis.settings.register_profile("dev", print_blob=True)
+hypothesis.settings.load_profile("dev")
 
 
 def notebook_threads(path: Path) -> str | None:
