@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cpu_profiles
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "build" / "browser"  # screenshots for a person to look at (git ignores build/)
@@ -105,7 +107,9 @@ class JupyterLab:
         tracker = folders["settings"] / "@jupyterlab" / "notebook-extension"
         tracker.mkdir(parents=True)
         (tracker / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(folders["config"]), "JUPYTER_DATA_DIR": str(folders["data"]),
+        # The learner copies compute natively: under `make test` this process runs as another processor
+        # (tests/cpu_profiles.py), and the solution notebooks' nbval run is the foreign half of the proof.
+        env = {**cpu_profiles.native_environment(dict(os.environ)), "JUPYTER_CONFIG_DIR": str(folders["config"]), "JUPYTER_DATA_DIR": str(folders["data"]),
                "JUPYTER_RUNTIME_DIR": str(folders["runtime"]), "JUPYTERLAB_SETTINGS_DIR": str(folders["settings"]),
                "JUPYTERLAB_WORKSPACES_DIR": str(folders["workspaces"]), "IPYTHONDIR": str(folders["ipython"]),
                "OMP_NUM_THREADS": self.kernel_threads or "", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -115,6 +119,7 @@ class JupyterLab:
             env.pop("OMP_NUM_THREADS")
         if self.kernel_threads != "1":
             env.setdefault("OMP_WAIT_POLICY", PASSIVE)
+        self.cpu_profile = cpu_profiles.describe(env)  # named when a checked output differs
         command = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
                    f"--ServerApp.token={self.token}", f"--ServerApp.root_dir={root}",
                    "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False",

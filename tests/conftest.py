@@ -19,11 +19,18 @@ from pathlib import Path
 import hypothesis
 import pytest
 
+import cpu_profiles
+from cpu_profiles import pytest_report_header, pytest_runtest_makereport  # noqa: F401 (hooks of this conftest)
+
 # Set before any kernel or subprocess starts, so nbval's kernels inherit them: the workbook must run offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Exercise checks run by the tests (and by the notebooks under nbval) save progress here, not in the user's file.
 os.environ["LABKIT_PROGRESS"] = str(Path(tempfile.mkdtemp(prefix="labkit-progress-")) / "progress.json")
+
+# `make test` computes as another processor (LABKIT_CPU_PROFILE=foreign, tests/cpu_profiles.py): set here, before
+# xdist starts its workers and before torch computes, so every worker and every kernel they start inherits it.
+cpu_profiles.apply()
 
 # Under pytest-xdist every worker is one process on a machine shared with the others: one torch thread each, or
 # two workers' thread pools fight over the cores (measured here: one notebook ran 8x slower).

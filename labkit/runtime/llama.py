@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from labkit.core import validation
 from labkit.runtime.kv_cache import KVCache, new_capacity
-from labkit.runtime.weight_formats import FORMATS, compute_dtype, make_linear, weight_bytes
+from labkit.runtime.weight_formats import FORMATS, bf16_fallback_reason, compute_dtype, make_linear, weight_bytes
 
 FORWARDS = ("labkit", "transformers")
 
@@ -310,7 +310,11 @@ def decoder(lm: Any, weights: str = "fp32") -> Any:
     if not _is_plain_llama(module):
         raise TypeError(f"lm must hold a plain transformers LlamaForCausalLM, got {type(module).__name__}")
     llama = shared_decoder(module) if weights == "fp32" else Llama(module, weights)
-    return dataclasses.replace(lm, model=llama, notes=[*lm.notes, f"labkit's Llama forward, {weights} weights"])
+    note = f"labkit's Llama forward, {weights} weights"
+    if weights == "bf16" and (reason := bf16_fallback_reason()) is not None:
+        note += f" on torch's plain bfloat16 matmul, which repacks each matrix at every call: {reason}"
+        print(f"BF16: {note}.")  # a learner comparing formats on such a machine must know its BF16 is not packed
+    return dataclasses.replace(lm, model=llama, notes=[*lm.notes, note])
 
 
 def run(llama: Llama, token_ids: torch.Tensor, cache: KVCache | None, positions: str | int, use_cache: bool,

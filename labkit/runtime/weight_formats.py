@@ -6,7 +6,8 @@ forward (norms, rotary embedding, attention) is the same. Every matrix of a deco
 these layers hold are the bytes a step reads (:func:`weight_bytes`), and fewer bytes per weight is the whole point.
 
 * ``"fp32"``: the loaded weights themselves, shared (no copy), ``F.linear``.
-* ``"bf16"``: a bfloat16 copy, packed once for oneDNN's matmul where it can be (:class:`PackedBf16Linear`); the
+* ``"bf16"``: a bfloat16 copy, packed once for oneDNN's matmul where the processor has one (:class:`PackedBf16Linear`;
+  elsewhere torch's plain bfloat16 matmul, and :func:`bf16_fallback_reason` says why); the
   forward then computes in bfloat16 (its norms in float32), as ``torch_dtype=torch.bfloat16`` does in transformers.
   Half the bytes. The INT formats compute in bfloat16 too.
 * ``"int8"``: weight-only INT8, one scale per output channel (symmetric, codes -127..127, ``core.quantization``'s
@@ -64,9 +65,26 @@ class PackedBf16Linear(torch.nn.Module):
 
 
 def _packs_bf16(weight: torch.Tensor) -> bool:
-    """oneDNN can pack this matrix: a CPU tensor, a torch built with oneDNN (mkldnn) and the private op present."""
-    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """oneDNN can pack this matrix: a CPU tensor, a torch built with oneDNN (mkldnn), the private ops present, and a
+    processor oneDNN runs bfloat16 on (:func:`bf16_fallback_reason` is None)."""
+    return weight.device.type == "cpu" and bf16_fallback_reason() is None
+
+
+def bf16_fallback_reason() -> str | None:
+    """Why BF16 weights multiply through torch's plain bfloat16 matmul rather than a packed oneDNN one, or None.
+
+    oneDNN's bfloat16 matmul needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: an AVX2-only processor (Intel's 12th to
+    14th generation consumer chips, AMD before Zen 4), or oneDNN limited to AVX2 by ``ONEDNN_MAX_CPU_ISA``, has none,
+    and packing raises there ("bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq").
+    """
+    if not torch.backends.mkldnn.is_available():
+        return "this torch is built without oneDNN"
+    if not all(hasattr(torch.ops.mkldnn, name) for name in ("_reorder_linear_weight", "_is_mkldnn_bf16_supported")):
+        return f"torch {torch.__version__} has no packed oneDNN linear"
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return ("oneDNN has no bfloat16 matmul on this processor (it needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT; "
+                "ONEDNN_MAX_CPU_ISA can limit it too)")
+    return None
 
 
 class Int8Linear(torch.nn.Module):
