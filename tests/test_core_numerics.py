@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from labkit.core.numerics import FORMATS, float_format, format_table, round_to_format, sequential_sum, spacing
 
@@ -50,12 +50,25 @@ def test_spacing_agrees_with_numpy(name):
     np.testing.assert_array_equal(ours, np.spacing(np.abs(values)).astype(np.float64))
 
 
+# torch casts float64 to FP16, BF16 and FP8 through float32: two roundings. A float64 value above a midpoint of the
+# format by less than half a float32 step first lands on the midpoint, which then ties to even, so the result can
+# miss "nearest" by up to half a float32 step (the examples: 1 + 2^-11 + 2^-30 becomes 1.0 in FP16, 2^-30 more than
+# half a gap away; random draws seldom land that close to a midpoint, 30,000 of them found none).
+# The property is stated for the float32 value the cast rounds: it holds for a direct, correctly rounded cast too
+# (float32 can only land on a midpoint, never cross it), on every CPU, and still fails for truncation, rounding to
+# the wrong precision or a gap of the wrong binade (errors up to a whole gap).
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(NAMES[1:]), st.floats(min_value=-400, max_value=400, allow_nan=False))
+@example("fp16", 1 + 2**-11 + 2**-30)
+@example("bf16", -(1 + 2**-8 + 2**-30))
+@example("fp8_e4m3", 1 + 2**-4 + 2**-30)
+@example("fp8_e5m2", 1 + 2**-3 + 2**-30)
 def test_rounding_moves_at_most_half_a_gap_and_is_idempotent(name, value):
     x = torch.tensor([value], dtype=torch.float64)
     rounded = round_to_format(x, name)
-    assert abs(rounded.item() - value) <= spacing(value, name) / 2
+    as_float32 = torch.tensor([value], dtype=torch.float32).double().item()
+    assert abs(rounded.item() - as_float32) <= spacing(as_float32, name) / 2
+    assert abs(rounded.item() - value) <= spacing(value, name) / 2 + spacing(value, "fp32") / 2
     assert torch.equal(round_to_format(rounded, name), rounded)
 
 
