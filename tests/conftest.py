@@ -20,7 +20,6 @@ import hypothesis
 import pytest
 
 import cpu_profiles
-from cpu_profiles import pytest_report_header, pytest_runtest_makereport  # noqa: F401 (hooks of this conftest)
 
 # Set before any kernel or subprocess starts, so nbval's kernels inherit them: the workbook must run offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,6 +47,13 @@ if IN_WORKER:
 hypothesis.settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 hypothesis.settings.register_profile("dev", print_blob=True)
 hypothesis.settings.load_profile("dev")
+
+
+def pytest_configure(config):
+    # A plugin, not this conftest's hooks: a conftest's hooks reach only the items below its folder, and the notebook
+    # cells (notebooks/) must name their profile when they fail too.
+    if not config.pluginmanager.is_registered(cpu_profiles):
+        config.pluginmanager.register(cpu_profiles, "cpu_profiles")
 
 
 def notebook_threads(path: Path) -> str | None:

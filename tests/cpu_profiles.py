@@ -8,12 +8,19 @@ the suite, and the solution notebooks' kernels under nbval, as another processor
 JupyterLab runs the learner copies natively: every checked output is then proven on two kernel sets and two thread
 counts in every run, on whatever machine runs it.
 
-The foreign profile is the next processor down from the native one, so it exists on real machines:
+The foreign profile puts MKL and oneDNN on the next vector unit down from the native one, which real machines run,
+and torch's own kernels on their ``default`` (unvectorized) versions, which differ most from any vectorized ones:
 
-* native AVX-512 (recent Xeons and EPYCs): an AVX2 machine (Intel's 12th-14th generation consumer chips, AMD
-  before Zen 4): ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ONEDNN_MAX_CPU_ISA=AVX2``;
-* native AVX2: a machine with no vector unit torch knows (``default``), MKL and oneDNN on SSE4;
-* anything else (ARM): torch's ``default`` kernels.
+* native AVX-512 (recent Xeons and EPYCs): MKL and oneDNN as on an AVX2 machine (Intel's 12th-14th generation
+  consumer chips, AMD before Zen 4): ``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ONEDNN_MAX_CPU_ISA=AVX2``;
+* native AVX2: MKL and oneDNN on SSE4;
+* anything else (ARM): torch's ``default`` kernels alone.
+
+torch's ``default`` rather than ``avx2`` on an AVX-512 machine, because ``avx2`` leaves too much unchanged: measured
+on an AMD EPYC, ``torch.randn`` draws the same bits under ``avx2`` as natively (both use the AVX2 normal sampler)
+but other bits under ``default``, which is the sampler an ARM processor (Apple's chips) runs, so a checked output
+built from seeded normal draws is only proven for Apple's learners under ``default``. It cost no time there (a
+512-token forward of the embedded model took as long).
 
 ``MKL_CBWR=COMPATIBLE`` would change MKL's kernel too, but it is not what any processor runs by default, and it
 doubled the time of a 64 x 576 by 576 x 1536 matmul here (3.5 ms against 1.7); ``MKL_ENABLE_INSTRUCTIONS`` is the
@@ -31,7 +38,7 @@ import pytest
 
 PROFILE_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
 FOREIGN_PROFILES = {
-    "AVX512": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "AVX512": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "AVX2": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
     "other": {"ATEN_CPU_CAPABILITY": "default"},
 }
