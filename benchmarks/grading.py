@@ -9,6 +9,12 @@
    median 0.1 s: real submissions take 40-180 s), on a local cluster of 2 workers, one worker process killed when
    a third of the class is done: wall time against the ideal (total work / workers), retries, nothing lost.
 
+3. ``--corpus``: the honest corpus of tests/honest_corpus.py (issue #41) as one class through the wall: every lab's
+   solution and untouched learner copy, the natural first attempts, and every registered mistake of every exercise
+   written as a learner would in that lab's solution notebook. Each must earn exactly what the notebook's own check
+   gives, exercise by exercise, with no accusation: printed are the submissions, the points lost and gained against
+   the check, the accusations and the review findings (``LABKIT_BENCH_CORPUS_LABS="00 03"`` grades those labs only).
+
 Timings on a shared machine vary; compare the ratios printed in one run.
 """
 
@@ -124,8 +130,58 @@ def simulated_class(n: int = 2000, workers: int = 2, median_s: float = 0.1) -> N
     print(f"  {lines[-2] if len(lines) > 1 else ''}")
 
 
+def corpus_class(labs: list[str] | None = None, workers: int = 2) -> None:
+    import csv
+    import sys
+
+    from labkit.instructor import classroom
+    from labkit.instructor.kernel_limits import Limits
+
+    sys.path.insert(0, str(ROOT / "tests"))  # the corpus is the tests' regression set
+    import honest_corpus
+
+    started = time.perf_counter()
+    submissions = honest_corpus.corpus(labs)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder, out = Path(scratch) / "class", Path(scratch) / "out"
+        folder.mkdir()
+        for submission in submissions:
+            nbformat.write(submission.notebook, folder / f"{submission.name}.ipynb")
+        reports = {r["learner"]: r for r in classroom.grade_class(
+            folder, out, jobs=workers, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"corpus",
+            progress=lambda line: None)}
+        with open(out / "gradebook.csv", newline="") as file:
+            reviewed = {row["learner"]: row["review"] for row in csv.DictReader(file) if row["review"]}
+    lost = gained = 0
+    wrong, accused = [], []
+    for submission in submissions:
+        report = reports[submission.name]
+        got = {result["id"]: result["points"] for result in report.get("exercises", [])}
+        for exercise_id, expected in submission.expected.items():
+            lost += max(0, expected - got.get(exercise_id, 0))
+            gained += max(0, got.get(exercise_id, 0) - expected)
+        if got != submission.expected:
+            wrong.append(f"{submission.name}: {report.get('error') or got}")
+        details = " ".join(line for result in report.get("exercises", []) for line in result["details"])
+        if any(word in details for word in ("may not", "a copy of")):
+            accused.append(submission.name)
+    print(f"\nhonest corpus: {len(submissions)} submissions (labs {' '.join(labs) if labs else 'all'}), "
+          f"{workers} workers, {time.perf_counter() - started:.0f} s")
+    print(f"points lost against the notebook's check: {lost}; gained: {gained}; submissions off: {len(wrong)}; "
+          f"accused: {len(accused)}; with review findings: {len(reviewed)}")
+    for line in [*wrong, *(f"accused: {name}" for name in accused),
+                 *(f"review: {name}: {text}" for name, text in reviewed.items())]:
+        print(f"  {line}")
+
+
 def main() -> None:
-    """``LABKIT_BENCH_SUBMISSIONS`` (default 2000) simulated, ``LABKIT_BENCH_REAL`` (default 4, 0 to skip) real."""
+    """``LABKIT_BENCH_SUBMISSIONS`` (default 2000) simulated, ``LABKIT_BENCH_REAL`` (default 4, 0 to skip) real;
+    with ``--corpus`` on the command line, the honest corpus only."""
+    import sys
+
+    if "--corpus" in sys.argv:
+        corpus_class(os.environ.get("LABKIT_BENCH_CORPUS_LABS", "").split() or None)
+        return
     simulated_class(int(os.environ.get("LABKIT_BENCH_SUBMISSIONS", "2000")))
     if int(os.environ.get("LABKIT_BENCH_REAL", "4")):
         real_class(int(os.environ.get("LABKIT_BENCH_REAL", "4")))

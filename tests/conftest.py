@@ -111,14 +111,16 @@ def lm(request):
 
 EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "04", "memory": "05", "timing": "06",
                  "speculative": "07"}
-SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading.py", "tests/test_reveals.py",
+SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading_course.py",
+        "tests/test_instructor_grading.py", "tests/test_reveals.py",
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
         "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
         "tests/test_packaging.py::test_lab_command_serves_the_notebooks_on_localhost", "tests/test_browser.py",
         "tests/test_runtime_quantize_perplexity.py", "tests/test_cpu_profiles.py")
-# Longest first: the attack suite's class (about 3 minutes), the browser test's notebooks (a scope each, under
-# `make test`), then lab 02's notebooks and the other long files.
-FIRST = ("tests/test_instructor_grading_attacks.py", *(f"tests/test_browser.py::TestLab{lab}" for lab in (
+# Longest first: the course's notebooks graded as a class and the attack suite's class (minutes each), the browser
+# test's notebooks (a scope each, under `make test`), then lab 02's notebooks and the other long files.
+FIRST = ("tests/test_instructor_grading_course.py", "tests/test_instructor_grading_attacks.py",
+         *(f"tests/test_browser.py::TestLab{lab}" for lab in (
     "01", "04", "06", "07", "02", "05", "00", "03")), "notebooks/solutions/02_", "notebooks/02_",
          "tests/test_instructor_grading.py", "tests/test_reveals.py", "notebooks/solutions/04_", "notebooks/04_",
          "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",

@@ -47,6 +47,9 @@ def hostile_names(tmp_path_factory):
     _write(folder / "cy.ipynb", standin_notebook("right copied", log=str(log)))  # the same bytes as bo's
     (folder / "dee.ipynb").write_text("{ not a notebook")
     _write(folder / "eli.ipynb", standin_notebook("right unknown lab", lab="42", log=str(log)))
+    _write(folder / os.fsdecode(b"caf\xe9.ipynb"), standin_notebook("right latin-1 name", log=str(log)))  # not UTF-8
+    _write(folder / "ne\nwline 5 points.ipynb", standin_notebook("wrong newline", log=str(log)))  # a row of its own?
+    os.mkfifo(folder / "x.ipynb")  # nobody ever writes to it: reading it would wait for ever
     lines = []
     options = dict(jobs=1, secret=SECRET, grader=standin_grader, progress=lines.append)
     reports = classroom.grade_class(folder, out, **options)
@@ -68,7 +71,7 @@ def test_learner_names_never_take_an_outputs_place(hostile_names):
     reports = {path.name for path in (out / "reports").iterdir()}
     assert {"gradebook.csv%2F00_start_here.json", "ana.json", "ana.json%2F00_start_here.json",
             "reports%2F00_start_here.json", "results.json"} <= reports
-    assert len(reports) == 11  # one per submission, none overwritten
+    assert len(reports) == 14  # one per submission, none overwritten
     assert not list(out.rglob("*.partial"))
 
 
@@ -78,6 +81,7 @@ def test_names_reach_neither_terminal_nor_spreadsheet_as_controls(hostile_names)
     assert "'\u00a0=HYPERLINK(1)" in text  # quoted although a no-break space comes first
     terminal = "\n".join(hostile_names["lines"]) + classroom.format_class_summary(hostile_names["reports"])
     assert "\u202e" not in terminal and "mognp" in terminal
+    assert not any(line.startswith("wline") for line in terminal.splitlines())  # no row spoofed by a newline
 
 
 def test_bad_files_are_row_notes_and_copies_are_graded_once_and_named(hostile_names):
@@ -85,7 +89,10 @@ def test_bad_files_are_row_notes_and_copies_are_graded_once_and_named(hostile_na
     assert "could not be graded: NotJSONError" in rows["dee"]["notes"]
     assert "its lab '42' is not one of the course's" in rows["eli"]["notes"]
     assert "right unknown lab" not in graded  # rejected here, never shipped
-    assert graded.count("right copied") == 1 and len(graded) == 8
+    assert graded.count("right copied") == 1 and len(graded) == 10
+    assert "is not a notebook file" in rows["x"]["notes"]  # the FIFO: a note on its row, and the class finished
+    assert rows["caf?"]["total"] == "2" and (hostile_names["out"] / "reports" / "caf%E9.json").is_file()
+    assert rows["ne wline 5 points"]["total"] == "0"
     assert rows["bo"]["notes"] == "lab 00: the same code as cy" and rows["cy"]["notes"] == "lab 00: the same code as bo"
     assert rows["bo"]["total"] == rows["cy"]["total"] == "2"
 
@@ -95,7 +102,7 @@ def test_a_rerun_grades_nothing_and_writes_the_same_files(hostile_names):
     assert hostile_names["second"] == hostile_names["first"]
     assert [r["exercises"] for r in hostile_names["again"]] == [r["exercises"] for r in hostile_names["reports"]]
     assert "graded 0 of 0 submissions sent" in hostile_names["lines"][-1]
-    assert "8 already graded by an earlier run" in hostile_names["lines"][-1]
+    assert "10 already graded by an earlier run" in hostile_names["lines"][-1]
 
 
 def test_csv_cells_are_escaped_after_leading_whitespace_and_format_characters_go():

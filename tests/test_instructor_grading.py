@@ -16,7 +16,7 @@ import pytest
 
 import labkit.exercises
 
-from labkit.instructor import classroom, grading, judging, worker
+from labkit.instructor import classroom, grading, judging, watch, worker
 from labkit.exercises.definitions import Case, Exercise
 from labkit.exercises import exercises
 from labkit.instructor.kernel_limits import Confinement, Limits
@@ -26,25 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def grade_here(lab, namespace, seed):
     """The grader's pipeline in this process, without the wall: the cases drawn, the learner's functions answering
-    them (as the worker does, to a file), the answers judged. The same data path as ``labkit grade``."""
-    import tempfile
-
+    them (as the answering step does, disarmed), the answers judged through JSON. The same data path as
+    ``labkit grade``."""
     chosen, plan, drawn = judging.plan(lab, seed)
-    with tempfile.TemporaryDirectory() as scratch:
-        cases, answers = Path(scratch) / "cases.json", Path(scratch) / "answers.json"
-        cases.write_text(json.dumps({"exercises": plan}))
-        worker.answer_cases(namespace, str(cases), str(answers))
-        answered = json.loads(answers.read_text())
+    answered = json.loads(json.dumps(watch.answer_plan(namespace, json.loads(json.dumps({"exercises": plan})))))
     return [judging.judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
-
-
-def test_solutions_earn_every_point_and_learner_notebooks_none(embedded):
-    for directory, expected in [(ROOT / "notebooks" / "solutions", "passed"), (ROOT / "notebooks", "not attempted")]:
-        report = grading.grade_notebook(directory / "00_start_here.ipynb")
-        assert [r["status"] for r in report["exercises"]] == [expected] * len(exercises("00"))
-        full = sum(ex.points for ex in exercises("00"))
-        assert (report["score"], report["max_score"]) == ((full if expected == "passed" else 0), full)
-        assert report["cell_errors"] == []
 
 
 def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):

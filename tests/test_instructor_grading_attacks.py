@@ -263,7 +263,57 @@ def _round_two_attacks() -> dict[str, tuple[str, ...]]:
         "deep_tree": ("import os\nstart = os.getcwd()\nfor _ in range(5000):\n    os.mkdir('d')\n    os.chdir('d')\n"
                       "os.chdir(start)\n", *HONEST),
         "slow_cells": (*HONEST, *["import time\ntime.sleep(12)\n"] * 4),
+        **_round_three_attacks(),
     }
+
+
+def _round_three_attacks() -> dict[str, tuple[str, ...]]:
+    """Issue #41: routes around the last watcher, each now meeting a disarmed reference or the review."""
+    return {
+        # A standard-library thread (its idle frames are all library code) calls the reference for the function.
+        "listener_reference": (
+            "import logging, logging.handlers, queue\nfrom labkit.core import sampling as s\n"
+            "answers, records = queue.Queue(), queue.Queue()\n"
+            "class Handler(logging.Handler):\n"
+            "    def emit(self, record):\n"
+            "        try:\n            answers.put(s.softmax_with_temperature(*record.msg))\n"
+            "        except Exception as error:\n            answers.put(error)\n"
+            "listener = logging.handlers.QueueListener(records, Handler())\nlistener.start()\n"
+            "def softmax_with_temperature(logits, temperature):\n"
+            "    records.put(logging.makeLogRecord({'msg': (logits, temperature)}))\n"
+            "    return answers.get(timeout=5)\n", SAMPLE, PREDICTION),
+        # A gc callback fills the returned tensor from the reference while the answer is read.
+        "gc_callback": (
+            "import gc, torch\nfrom labkit.core import sampling as s\npending = []\n"
+            "def fill(phase, info):\n"
+            "    while pending:\n        out, logits, temperature = pending.pop()\n"
+            "        try:\n            out.copy_(s.softmax_with_temperature(logits, temperature))\n"
+            "        except Exception:\n            pass\n"
+            "gc.callbacks.append(fill)\n"
+            "def softmax_with_temperature(logits, temperature):\n"
+            "    out = torch.zeros_like(logits)\n    pending.append((out, logits, temperature))\n"
+            "    for _ in range(2000):\n        cycle = []\n        cycle.append(cycle)\n"
+            "    return out\n", SAMPLE, PREDICTION),
+        # The reference by a constant name; the reference module's source edited and run as the learner's own.
+        "getattr_constant": (
+            "from labkit.core import sampling\ndef softmax_with_temperature(logits, temperature):\n"
+            "    return getattr(sampling, 'softmax_with_temperature')(logits, temperature)\n", SAMPLE, PREDICTION),
+        "runpy_copy": (
+            "import inspect, pathlib, runpy\nfrom labkit.core import sampling\n"
+            "pathlib.Path('/tmp/mine.py').write_text(inspect.getsource(sampling))\n"
+            "softmax_with_temperature = runpy.run_path('/tmp/mine.py')['softmax_with_temperature']\n",
+            SAMPLE, PREDICTION),
+    }
+
+
+def _lab02_losses() -> dict[str, tuple[str, ...]]:
+    """Lab 02's cross-entropy by torch's ready-made modules: CrossEntropyLoss runs the forbidden
+    F.cross_entropy (disarmed: 0); NLLLoss after log_softmax is flagged for review."""
+    head = "import torch\ndef cross_entropy(logits, targets):\n    vocab = logits.shape[-1]\n"
+    return {"cross_entropy_module": (head + "    return torch.nn.CrossEntropyLoss()(logits.reshape(-1, vocab), "
+                                            "targets.reshape(-1))\n",),
+            "nll_loss_module": (head + "    log_probs = torch.log_softmax(logits, dim=-1).reshape(-1, vocab)\n"
+                                       "    return torch.nn.NLLLoss()(log_probs, targets.reshape(-1))\n",)}
 
 
 def _digest(path: Path) -> str:
@@ -292,6 +342,8 @@ def graded(tmp_path_factory, embedded):
     nbformat.write(_notebook("from labkit.core import sampling\n",
                              "def top_k_filter(logits, top_k):\n    return sampling.top_k_filter(logits, top_k)\n", lab="01"),
                    folder / "course_scope.ipynb")
+    for learner, cells in _lab02_losses().items():
+        nbformat.write(_notebook(*cells, lab="02"), folder / f"{learner}.ipynb")
     listed = _notebook(*HONEST)
     listed.metadata["labkit"] = ["00"]
     nbformat.write(listed, folder / "listed_metadata.ipynb")
@@ -340,12 +392,19 @@ HONEST_BESIDE_ATTACKS = ("alice", "carol", "outlives_run", "network", "forks", "
 CHEATS = {  # learner -> the exercise attacked (0 points for it)
     **dict.fromkeys(["fake_marker", "patched_checker", "lying_values", "watcher_off", "recompiled", "other_thread",
                      "stack_peek", "forged_answers", "socket_forgery", "pool_reference", "pool_started_early",
-                     "built_name", "via_importlib", "exec_base64"], "00.softmax_temperature"),
-    "lower_level": "00.sample_token", "course_scope": "01.top_k_filter"}
-# Each watched way around the checker is a zero for the whole notebook, with the reason in every exercise.
-FORBIDDEN = {"watcher_off": "call watcher", "recompiled": "__code__", "other_thread": "thread",
-             "stack_peek": "grader's frames", "pool_reference": "thread", "pool_started_early": "pool",
-             "built_name": "call watcher", "exec_base64": "at run time"}
+                     "built_name", "via_importlib", "exec_base64", "listener_reference", "gc_callback",
+                     "getattr_constant"], "00.softmax_temperature"),
+    "lower_level": "00.sample_token", "course_scope": "01.top_k_filter", "cross_entropy_module": "02.cross_entropy"}
+# Why the attacked exercise earns nothing, in its verdict: the reference (or torch's forbidden loss) was disarmed
+# while it answered, whatever held it; or the audit hook refused the line (an error where the learner's code did it).
+REFERENCE = "calls labkit's own `labkit.core.sampling.softmax_with_temperature`"
+REASONS = {**dict.fromkeys(["other_thread", "pool_reference", "pool_started_early", "via_importlib", "exec_base64",
+                            "listener_reference", "getattr_constant", "course_scope"], "calls labkit's own"),
+           "cross_entropy_module": "calls the ready-made `torch.nn.functional.cross_entropy`",
+           "watcher_off": "(sys.setprofile)", "built_name": "(sys.setprofile)", "stack_peek": "grader's frames"}
+WHOLE_ZERO = ("fake_marker", "patched_checker", "lying_values", "reads_disk", "kills_all", "edits_labkit",
+              "forged_answers", "fifo", "socket_forgery", "kill_worker", "watcher_off", "recompiled", "other_thread",
+              "stack_peek")  # nothing else of theirs answers, or the grader's step was stopped or killed
 
 
 def test_honest_learners_keep_their_grades_beside_every_attack(graded):
@@ -357,20 +416,25 @@ def test_honest_learners_keep_their_grades_beside_every_attack(graded):
     assert "not a mapping" in rows["listed_metadata"]["notes"]  # metadata.labkit as a list: a clear note
     assert "'=SUM(1)" in graded["gradebook"].decode()  # the learner's name is text in a spreadsheet
     assert rows["alice"]["review"] == "" and rows["carol"]["review"] == ""
-    assert all(not graded["reports"][learner].get("forbidden") for learner in HONEST_BESIDE_ATTACKS)
+    for learner in HONEST_BESIDE_ATTACKS:  # nobody beside the attacks is accused of anything
+        details = " ".join(line for result in graded["reports"][learner]["exercises"] for line in result["details"])
+        assert "may not" not in details and "calls labkit" not in details, (learner, details)
 
 
 def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
     rows, reports = graded["rows"], graded["reports"]
-    for learner in ("fake_marker", "patched_checker", "lying_values", "reads_disk", "kills_all", "edits_labkit",
-                    "forged_answers", "fifo", "socket_forgery", "kill_worker", *FORBIDDEN):
+    for learner in WHOLE_ZERO:
         assert rows[learner]["total"] == "0", (learner, rows[learner])
     for learner, exercise in CHEATS.items():
         if learner != "lower_level":  # a lower-level torch name: flagged below, a zero cannot be decided
             assert rows[learner][exercise] == "0", (learner, rows[learner])
-    for learner, needle in FORBIDDEN.items():
-        details = " ".join(line for result in reports[learner]["exercises"] for line in result["details"])
-        assert "may not" in details and needle in details, (learner, details)
+    for learner, needle in REASONS.items():
+        details = " ".join(line for result in reports[learner]["exercises"] if result["id"] == CHEATS[learner]
+                           for line in result["details"])
+        assert needle in details, (learner, details)
+    # Only its own exercise: the other exercises of a submission that reached a disarmed reference keep their points.
+    for learner in ("pool_reference", "listener_reference", "getattr_constant", "exec_base64"):
+        assert rows[learner]["total"] == "3", (learner, rows[learner])
     # The answering step blocked: every exercise fails and says why.
     for learner in ("fifo", "forged_answers"):
         for result in reports[learner]["exercises"]:
@@ -378,15 +442,19 @@ def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
     fifo = [result["details"][0] for result in reports["fifo"]["exercises"]]
     assert all("answering step failed" in line for line in fifo), fifo
     assert "could not be graded" in reports["kill_worker"]["exercises"][0]["details"][0]
-    flagged = {learner: rows[learner]["review"] for learner in rows}
+    flagged = {learner: "; ".join(finding["what"] for finding in report.get("review", []))
+               for learner, report in reports.items()}  # the report's every finding (the row shows the first few)
     expected = {"fake_marker": "pre_run_cell", "patched_checker": "labkit.exercises.checking",
                 "lying_values": "defines __eq__: a comparison or type that can lie", "watcher_off": "setprofile",
-                "recompiled": "__code__", "other_thread": "threading", "stack_peek": "_getframe",
+                "recompiled": "refused while it ran: reads __code__", "other_thread": "threading",
+                "stack_peek": "refused while it ran: reaches into the grader's frames",
                 "lower_level": "private torch name", "reads_disk": "solution notebooks",
                 "edits_labkit": "labkit.exercises.checking", "pool_reference": "executor",
                 "pool_started_early": "executor", "built_name": "getattr with a name built at run time",
                 "via_importlib": "importlib", "exec_base64": "exec", "course_scope": "labkit's reference answer",
-                "big_cell": "not reviewed", "forged_answers": "grader's folder"}
+                "big_cell": "not reviewed", "forged_answers": "grader's folder", "listener_reference": "QueueListener",
+                "gc_callback": "gc.callbacks", "getattr_constant": "names labkit's reference answer",
+                "runpy_copy": "runpy", "nll_loss_module": "NLLLoss", "cross_entropy_module": "CrossEntropyLoss"}
     for learner, needle in expected.items():
         assert needle in flagged[learner], (learner, flagged[learner])
     # The fake result line was never read as a result: nothing has 101 points, and no submission more than lab 00's.

@@ -1,105 +1,145 @@
-"""labkit.instructor.watch's parts that run without a kernel: the answering step's calls, the thread check, the
-copy detector. (The audit hook and the signed step run in the learner's kernel: the attack suite,
+"""labkit.instructor.watch's parts that run without a kernel: the answering step's calls with the exercise's
+forbidden functions disarmed. (The audit hook and the signed step run in the learner's kernel: the attack suite,
 tests/test_instructor_grading_attacks.py, holds them to their word inside the real wall.)"""
 
-import os
+import functools
+import logging
+import logging.handlers
+import queue
 import threading
-import time
-import types
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
+import nbformat
+import torch
 
-import labkit
 from labkit.core import sampling
-from labkit.instructor import watch
+from labkit.exercises import get
+from labkit.exercises.checking import check_function
+from labkit.instructor import judging, review, watch
+
+SOFTMAX = sampling.softmax_with_temperature
+ORIGINAL = SOFTMAX.__code__
 
 
-LABKIT_DIR = os.path.dirname(os.path.abspath(labkit.__file__)) + os.sep  # the package, not a checkout named labkit
+def _graded(namespace, lab="00", seed=3):
+    chosen, plan, drawn = judging.plan(lab, seed)
+    answers = watch.answer_plan(namespace, {"exercises": plan})
+    return {e.id: judging.judge(e, drawn[e.id], answers, None) for e in chosen}
 
 
-def _library(filename: str) -> bool:
-    return "site-packages" in filename or "/lib/python3" in filename or os.path.abspath(filename).startswith(LABKIT_DIR)
+def _honest_sample(probs, uniform):
+    cumulative = probs.double().cumsum(0)
+    return int((cumulative <= uniform * cumulative[-1]).sum())
 
 
-def test_a_thread_or_pool_the_notebook_left_running_is_forbidden_at_the_step():
-    import sys
+def _through_a_listener(logits, temperature):
+    """The reference called by a standard-library thread (a logging QueueListener) while this function waits."""
+    box: queue.Queue = queue.Queue()
 
-    quiet = set(sys._current_frames())
-    stop = threading.Event()
-    learner = threading.Thread(target=lambda: stop.wait(10))  # its target: code outside any library
-    learner.start()
-    try:
-        found: list[str] = []
-        with pytest.raises(PermissionError):
-            watch._check_threads(sys._current_frames(), quiet, _library, found)
-        assert "still running" in found[0]
-    finally:
-        stop.set()
-        learner.join()
-    with ThreadPoolExecutor(1) as pool:  # idle pool threads run only library code: a pool is named as such
-        pool.submit(int).result()
-        found = []
-        with pytest.raises(PermissionError):
-            watch._check_threads(sys._current_frames(), quiet, _library, found)
-        assert found and "pool" in found[0]
-    time.sleep(0.1)
-    watch._check_threads(sys._current_frames(), quiet, _library, [])  # nothing left: the step goes on
+    class Handler(logging.Handler):
+        def emit(self, record):
+            try:
+                box.put(reference(*record.msg))
+            except BaseException as error:  # noqa: BLE001 - the tripwire's error, swallowed: still reached
+                box.put(torch.zeros_like(record.msg[0]))
+
+    reference = functools.partial(SOFTMAX)
+    records: queue.Queue = queue.Queue()
+    listener = logging.handlers.QueueListener(records, Handler())
+    listener.start()
+    records.put(logging.makeLogRecord({"msg": (logits, temperature)}))
+    answer = box.get(timeout=5)
+    listener.stop()
+    return answer
 
 
-def test_a_copy_of_a_labkit_function_is_known_by_its_bytecode_under_any_name():
-    copies = watch._labkit_signatures()
-    original = sampling.softmax_with_temperature.__code__
-    renamed = original.replace(co_filename="mine.py", co_name="mine")
-    assert copies[watch._signature(renamed)].endswith("softmax_with_temperature")
-    own = types.FunctionType(compile("def f(logits, t):\n    return (logits / t).softmax(-1)\n", "cell", "exec")
-                             .co_consts[0], {})
-    assert watch._signature(own.__code__) not in copies
+def _through_a_pool(logits, temperature):
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(SOFTMAX, logits, temperature).result()
 
 
-def test_a_watched_function_may_not_start_a_thread_nor_call_a_copy_of_labkit():
-    """The second watcher on the answering step's thread: a thread started by the graded function (the reference
-    run there, out of the watcher's sight) and a call into a renamed copy of a labkit function are forbidden."""
-    import sys
+def _through_a_thread(logits, temperature):
+    box = []
 
-    import torch
+    def run():
+        try:
+            box.append(SOFTMAX(logits, temperature))
+        except PermissionError:  # the tripwire's error, swallowed: reached all the same
+            pass
 
-    def through_a_thread(logits, temperature):
-        box = []
-        worker = threading.Thread(target=lambda: box.append(sampling.softmax_with_temperature(logits, temperature)))
-        worker.start()
-        worker.join()
-        return box[0]
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    return box[0] if box else torch.zeros_like(logits)
 
-    copy = types.FunctionType(sampling.softmax_with_temperature.__code__.replace(co_filename="cell.py"),
-                              vars(sampling))
-    state = {"forbidden": []}
-    with pytest.raises(PermissionError, match="may not start a thread"):
-        watch._watched(through_a_thread, state, _library, sys.getprofile, sys.setprofile)(torch.zeros(3), 1.0)
-    assert state["forbidden"] == ["starts a thread or process (start_new_thread)"]
-    state = {"forbidden": []}
-    watch._watched(copy, state, _library, sys.getprofile, sys.setprofile)(torch.zeros(3), 1.0)
-    assert state["forbidden"][0].startswith("calls a copy of labkit.core.sampling.") and sys.getprofile() is None
-    honest = {"forbidden": []}
-    probs = watch._watched(lambda logits, t: torch.softmax(logits / t, -1), honest, _library, sys.getprofile,
-                           sys.setprofile)(torch.zeros(4), 1.0)
-    assert honest["forbidden"] == [] and probs.tolist() == [0.25] * 4
+
+def test_a_disarmed_reference_fails_its_exercise_by_any_route_and_nothing_else():
+    for route in (_through_a_listener, _through_a_pool, _through_a_thread, functools.partial(SOFTMAX)):
+        results = _graded({"softmax_with_temperature": route, "sample_token": _honest_sample,
+                           "tokenizer_choice": lambda: "b"})
+        softmax = results["00.softmax_temperature"]
+        assert softmax["points"] == 0 and "calls labkit's own `labkit.core.sampling.softmax_with_temperature`" in \
+            " ".join(softmax["details"]), (route, softmax)
+        assert (results["00.sample_token"]["points"], results["00.predict_tokenizer"]["points"]) == (2, 1), route
+        assert SOFTMAX.__code__ is ORIGINAL  # armed again after the exercise
+    assert SOFTMAX(torch.tensor([0.0, 0.0]), 1.0).tolist() == [0.5, 0.5]
+
+
+def test_the_reference_of_another_exercise_stays_armed():
+    """Lab 07's speculative round may call draw_with_uniform, which is lab 00's reference: not disarmed there."""
+    names = {name for exercise_id in ("07.speculative_round", "07.prompt_lookup")
+             for _, _, name in watch.disarm_targets(get(exercise_id))}
+    assert "labkit.core.speculative.speculative_round" in names
+    assert "labkit.core.speculative.draw_with_uniform" not in names
+    # torch's ready-made loss written in Python is disarmed too; one written in C is left to the checker's tripwire
+    assert [name for _, _, name in watch.disarm_targets(get("02.cross_entropy"))] == [
+        "labkit.core.loss.cross_entropy", "torch.nn.functional.cross_entropy"]
+    assert [name for _, _, name in watch.disarm_targets(get("00.sample_token"))] == [
+        "labkit.core.speculative.draw_with_uniform"]
+
+
+def test_an_honest_wrong_answer_equal_to_a_known_mistake_earns_what_the_check_gives():
+    """The natural first attempt `int(probs.argmax())` is lab 00's _sample_argmax mistake, byte for byte: it fails
+    sample_token with the mistake's hint, and the other exercises keep their points (3 of 5)."""
+    namespace: dict = {}
+    exec("import torch\ndef softmax_with_temperature(logits, temperature):\n"
+         "    if temperature == 0:\n"
+         "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
+         "    return torch.softmax(logits / temperature, dim=-1)\n"
+         "def sample_token(probs, uniform):\n    return int(probs.argmax())\n"
+         "def tokenizer_choice():\n    return 'b'\n", namespace)
+    results = _graded(namespace)
+    assert [r["points"] for r in results.values()] == [2, 0, 1]
+    assert "argmax is greedy decoding" in " ".join(results["00.sample_token"]["details"])
+    assert check_function(get("00.sample_token"), namespace["sample_token"]).status == "failed"
+    assert not any("may not" in line for r in results.values() for line in r["details"])
 
 
 def test_answer_plan_calls_each_function_on_its_cases_and_says_what_is_missing():
-    from labkit.instructor import judging
-
     namespace: dict = {}
     exec("import torch\ndef softmax_with_temperature(logits, temperature):\n"
          "    if temperature == 0:\n"
          "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
          "    return torch.softmax(logits / temperature, dim=-1)\ntokenizer_choice = 'b'\n", namespace)
     chosen, plan, drawn = judging.plan("00", seed=3)
-    wrapped = []
-    answers = watch.answer_plan(namespace, {"exercises": plan}, lambda f: wrapped.append(f) or f)
+    answers = watch.answer_plan(namespace, {"exercises": plan})
     assert answers["00.sample_token"] == {"missing": True}
     assert answers["00.predict_tokenizer"] == {"not_callable": "str"}
     results = {e.id: judging.judge(e, drawn[e.id], answers, None) for e in chosen}
-    assert results["00.softmax_temperature"]["status"] == "passed" and wrapped  # every call went through the wrap
-    forbidden = judging.judge(chosen[0], drawn[chosen[0].id], answers, None, ["reads __code__ (line 2: x)"])
-    assert forbidden["points"] == 0 and "may not" in forbidden["details"][0]
+    assert results["00.softmax_temperature"]["status"] == "passed"
+    assert results["00.sample_token"]["status"] == "not attempted"
+    stopped = judging.judge(chosen[0], drawn[chosen[0].id], None, "the grader's answering step failed: x")
+    assert stopped["points"] == 0 and "answering step failed" in stopped["details"][0]
+
+
+def test_what_the_hook_refused_is_a_review_finding_in_its_cell():
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(
+        "import gc\ndef f():\n    return gc.get_objects()")])
+    refused = [{"what": "searches the interpreter's objects", "line": 3, "text": "return gc.get_objects()"},
+               {"what": "reads __code__", "line": 1, "text": "not in the notebook"}, "malformed"]
+    assert review.refusals(notebook, refused) == [
+        {"cell": 1, "line": 3, "what": "refused while it ran: searches the interpreter's objects "
+                                       "(return gc.get_objects())"},
+        {"cell": None, "line": 1, "what": "refused while it ran: reads __code__ (not in the notebook)"}]
+    assert review.summary_text(review.refusals(notebook, refused)).endswith(
+        "; refused while it ran: reads __code__ (not in the notebook)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 import urllib.parse
 from pathlib import Path
@@ -78,10 +79,10 @@ def report_path(out: Path, folder: Path, notebook: Path) -> Path:
     >>> report_path(Path("o"), Path("c"), Path("c/ana.json/x.ipynb")) != report_path(Path("o"), Path("c"), Path("c/ana.ipynb"))
     True
     """
-    relative = Path(notebook).relative_to(folder).as_posix()
-    name = urllib.parse.quote(relative[: -len(".ipynb")] if relative.endswith(".ipynb") else relative, safe="")
+    relative = os.fsencode(Path(notebook).relative_to(folder).as_posix())  # the name's bytes, UTF-8 or not
+    name = urllib.parse.quote(relative[: -len(b".ipynb")] if relative.endswith(b".ipynb") else relative, safe="")
     if len(name.encode()) > 200:  # a file name has at most 255 bytes: keep a prefix and a hash of the whole
-        name = f"{name[:120]}~{hashlib.sha256(relative.encode()).hexdigest()[:16]}"
+        name = f"{name[:120]}~{hashlib.sha256(relative).hexdigest()[:16]}"
     return Path(out) / "reports" / f"{name}.json"
 
 

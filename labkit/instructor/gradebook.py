@@ -23,14 +23,15 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def plain(value: Any) -> Any:
-    """``value`` without terminal escapes, control characters or format characters (bidi overrides, zero-width).
+    """``value`` on one line, without terminal escapes, control characters or format characters (bidi overrides,
+    zero-width): a newline in a learner's file name cannot print a row of its own.
 
-    >>> plain("ana\\u202egnp.exe\\x1b[2J")
-    'anagnp.exe'
+    >>> plain("ana\\u202egnp.exe\\x1b[2J"), plain("ana\\nbo  5/5")
+    ('anagnp.exe', 'ana bo  5/5')
     """
     value = printable(value)
     if isinstance(value, str):
-        return "".join(c for c in value if unicodedata.category(c) != "Cf")
+        return "".join(" " if c in "\n\t" else c for c in value if unicodedata.category(c) != "Cf")
     return value
 
 
@@ -66,7 +67,6 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
         mine = [r for r in reports if r["learner"] == learner]
         notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
-        notes += [f"lab {r['lab']}: {r['forbidden'][0]}" for r in mine if "error" not in r and r.get("forbidden")]
         best: dict[str, dict[str, Any]] = {}
         for report in (r for r in mine if "error" not in r):
             lab = report["lab"]

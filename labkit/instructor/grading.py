@@ -34,6 +34,7 @@ from typing import Any
 
 from labkit.instructor.judging import JUDGE, grading_secret, judge, plan, submission_seed
 from labkit.instructor.kernel_limits import SUBMISSION_BYTES, Limits
+from labkit.instructor.review import summary_text
 
 # Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
 # move the instructor's cursor, recolour the terminal or rewrite its title.
@@ -43,11 +44,13 @@ _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\
 def printable(value: Any) -> Any:
     """``value`` (a string, or lists and dicts of them) without terminal escapes and control characters.
 
-    >>> printable({"details": ["\\x1b[31mred\\x1b[0m", "bell\\x07 and title \\x1b]0;pwned\\x07"]})
-    {'details': ['red', 'bell and title ']}
+    A file name's bytes that are not UTF-8 (kept by Python as lone surrogates) become "?".
+
+    >>> printable({"details": ["\\x1b[31mred\\x1b[0m", "bell\\x07 and title \\x1b]0;pwned\\x07", "caf\\udce9"]})
+    {'details': ['red', 'bell and title ', 'caf?']}
     """
     if isinstance(value, str):
-        return _CONTROL.sub("", value)
+        return _CONTROL.sub("", value.encode("utf-8", "replace").decode("utf-8"))
     if isinstance(value, list):
         return [printable(item) for item in value]
     if isinstance(value, dict):
@@ -90,8 +93,8 @@ def lab_of(notebook: Any, path: Path) -> str:
 
 def read_submission(path: Path) -> bytes:
     """A submission's bytes, read once: never through a symbolic link, never more than the cap."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:  # never blocks: a FIFO opens at once (and is refused below), without waiting for a writer
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as error:
         if Path(path).is_symlink():
             raise ValueError(f"path {path} is a symbolic link, not a notebook handed in") from None
@@ -115,7 +118,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     import nbformat
 
     from labkit.instructor import sandbox
-    from labkit.instructor.review import review_notebook
+    from labkit.instructor.review import refusals, review_notebook
 
     path = Path(path)
     if isolate:
@@ -172,15 +175,12 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     status = result.get("status") if isinstance(result.get("status"), dict) else {}
     step = result.get("answers") if isinstance(result.get("answers"), dict) else {}
     answers = step.get("answers") if isinstance(step.get("answers"), dict) else None
-    forbidden = [str(item)[:300] for item in step.get("forbidden", [])[:20]] if isinstance(
-        step.get("forbidden"), list) else []
     answer_problem = None
     if answers is None:
         answer_problem = (run.stopped or _answer_cell_problem(status, step) or received.get("problem")
                           or "the notebook's run ended without answers")
     with JUDGE:
-        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem, forbidden)
-                   for exercise in chosen]
+        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
     return printable({
         "notebook": str(path),
         "lab": lab,
@@ -188,8 +188,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "max_score": sum(r["max_points"] for r in results),
         "exercises": results,
         "cell_errors": _cell_errors(status, cell_timeout_s),
-        "forbidden": forbidden,
-        "review": review_notebook(notebook, lab),
+        "review": review_notebook(notebook, lab) + refusals(notebook, step.get("refused")),
         "isolated": isolate,
         "seed": seed,
         "limits": run.limits,
@@ -271,8 +270,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
         lines.append(f"cell {error['cell']}: {error['error']}")
-    for finding in report.get("review", []):
-        lines.append(f"review: cell {finding['cell']} line {finding['line']}: {finding['what']}")
+    lines += [f"review: {summary_text([finding])}" for finding in report.get("review", [])]
     if report.get("stopped"):
         lines.append(f"stopped: {report['stopped']}")
     if report.get("isolated") is False:

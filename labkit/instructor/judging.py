@@ -76,22 +76,19 @@ def plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str
     return chosen, plan, drawn
 
 
-def judge(exercise: Any, cases: Any, answers: Any, problem: str | None,
-          forbidden: list[str] = ()) -> dict[str, Any]:
+def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
     """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
-    the error that stopped labkit drawing them; ``forbidden``: what the notebook did that a graded notebook may
-    not (the watcher's record): a zero for every exercise, with the reason."""
+    the error that stopped labkit drawing them; ``problem``: why there are no answers at all (the grader's step
+    did not run, or did not hand back signed answers): every exercise fails with it."""
     from labkit.exercises.checking import check_function, code_verdict, labkit_error, prediction_verdict
     from labkit.exercises.definitions import Verdict
+    from labkit.instructor.wire import outcome_from_plain
 
     answer = answers.get(exercise.id) if isinstance(answers, dict) else None
     if isinstance(cases, BaseException):
         verdict = labkit_error(exercise, "labkit could not draw the cases", cases)
     elif cases is None:
         verdict = Verdict(exercise, "failed", ("could not be graded: no cases were drawn",))
-    elif forbidden:
-        verdict = Verdict(exercise, "failed", (f"0 points: the notebook did what a graded notebook may not: "
-                                               f"{forbidden[0]}",) + tuple(forbidden[1:3]))
     elif problem is not None:
         verdict = Verdict(exercise, "failed", (f"could not be graded: {problem}",))
     elif not isinstance(answer, dict):
@@ -103,7 +100,7 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None,
             f"`{exercise.function}` should be a function, it is a {str(answer['not_callable'])[:60]}",))
     else:
         outcomes = answer.get("outcomes") if isinstance(answer.get("outcomes"), list) else []
-        outcome_of = (lambda number, case: outcome_from(outcomes[number] if number < len(outcomes) else None))
+        outcome_of = (lambda number, case: outcome_from_plain(outcomes[number] if number < len(outcomes) else None))
         if exercise.kind == "prediction":
             verdict = prediction_verdict(exercise, lambda: outcome_of(0, None))
         else:
@@ -111,10 +108,3 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None,
     return {"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": verdict.status,
             "points": verdict.points, "max_points": exercise.points, "close": verdict.close,
             "details": list(verdict.lines)}
-
-
-def outcome_from(data: Any) -> Any:
-    """What one call did, rebuilt from the worker's plain data (:func:`labkit.instructor.wire.outcome_from_plain`)."""
-    from labkit.instructor import wire
-
-    return wire.outcome_from_plain(data)

@@ -9,7 +9,7 @@ reports, it does not guess at intent: an instructor decides. Code it cannot pars
     >>> import nbformat
     >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\\nsys.setprofile(None)")])
     >>> review_notebook(nb, "00")
-    [{'cell': 0, 'line': 2, 'what': 'sys.setprofile: a profile or trace hook (switches off the call watcher)'}]
+    [{'cell': 0, 'line': 2, 'what': "sys.setprofile: a profile or trace hook (switches off the checker's tripwire)"}]
 
 Layer 5 (instructor tools).
 """
@@ -26,7 +26,7 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
                      "cr_frame", "__code__", "co_code", "CodeType", "FunctionType", "__globals__", "__closure__",
                      "getouterframes", "getinnerframes"], "reaches into frames or code objects"),
     **dict.fromkeys(["setprofile", "settrace", "setprofile_all_threads", "settrace_all_threads", "gettrace",
-                     "getprofile"], "a profile or trace hook (switches off the call watcher)"),
+                     "getprofile"], "a profile or trace hook (switches off the checker's tripwire)"),
     **dict.fromkeys(["pre_run_cell", "post_run_cell", "pre_execute", "post_execute", "input_transformers_post",
                      "input_transformers_cleanup", "ast_transformers", "register_magic_function"],
                     "an IPython hook (runs code around cells, the grader's too)"),
@@ -41,10 +41,17 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
                     "processes, signals, threads or the network"),
     **dict.fromkeys(["ThreadPoolExecutor", "ProcessPoolExecutor", "InterpreterPoolExecutor", "Executor", "ThreadPool",
                      "Pool", "concurrent", "run_in_executor", "to_thread"],
-                    "an executor or pool (runs code on another thread or process, out of the watcher's sight)"),
+                    "an executor or pool (runs code on another thread or process, out of the checker's sight)"),
     **dict.fromkeys(["__dict__", "vars"], "reaches a module's or object's attributes by name"),
+    **dict.fromkeys(["runpy", "getsource", "getsourcelines", "linecache"],
+                    "reads or runs source code at run time (labkit's, edited, is not the learner's own)"),
+    "QueueListener": "a thread of the standard library that runs the learner's handlers",
+    "callbacks": "a callback the interpreter runs (gc's too), whenever it likes: while the grader answers",
 }
-_LAB_NAMES = {"02": {"nll_loss": "torch's nll_loss: the second half of F.cross_entropy, which the exercise forbids"}}
+_LAB_NAMES = {"02": {"nll_loss": "torch's nll_loss: the second half of F.cross_entropy, which the exercise forbids",
+                     "NLLLoss": "torch's NLLLoss: the second half of F.cross_entropy, which the exercise forbids",
+                     "CrossEntropyLoss": "torch's ready-made loss (it runs F.cross_entropy, which the exercise "
+                                         "forbids)"}}
 MAX_CELL_BYTES = 200_000  # a cell larger than this is not read (the review's cost stays bounded); the note says so
 MAX_NOTEBOOK_BYTES = 2_000_000  # nor anything past this much code in all
 _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker",
@@ -116,9 +123,25 @@ def _imports(tree: ast.AST) -> dict[str, str]:
     return imported
 
 
+def refusals(notebook: Any, refused: Any) -> list[dict[str, Any]]:
+    """What the grader's audit hook refused while the notebook ran (``labkit.instructor.watch``: each with the
+    refused line's number and text), as findings: the cell is the first code cell holding that line, or None."""
+    found = []
+    for item in (refused if isinstance(refused, list) else [])[:20]:
+        if not isinstance(item, dict):
+            continue
+        text, line = str(item.get("text") or "")[:200], item.get("line")
+        cell = next((index for index, entry in enumerate(notebook.cells) if entry.cell_type == "code" and text and
+                     text in [row.strip() for row in str(entry.source).splitlines()]), None)
+        found.append({"cell": cell, "line": line if type(line) is int else 0,
+                      "what": f"refused while it ran: {str(item.get('what'))[:120]}" + (f" ({text})" if text else "")})
+    return found
+
+
 def summary_text(findings: list[dict[str, Any]], limit: int = 6) -> str:
     """The gradebook cell: ``cell 4 line 2: sys.setprofile (...)``, the first few, and how many more."""
-    parts = [f"cell {f['cell']} line {f['line']}: {f['what']}" for f in findings[:limit]]
+    parts = [f"cell {f['cell']} line {f['line']}: {f['what']}" if f["cell"] is not None else f["what"]
+             for f in findings[:limit]]
     if len(findings) > limit:
         parts.append(f"and {len(findings) - limit} more")
     return "; ".join(parts)
@@ -210,6 +233,8 @@ def _findings(tree: ast.AST, references: set[str], imported: dict[str, str], ext
                     root in imported:
                 yield line, f"{dotted} = ...: replaces a library's function or value"
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in references:  # getattr(module, "the reference"), importlib's spelling of it
+                yield line, f"the string {node.value!r} names labkit's reference answer to an exercise of this lab"
             for needle, what in _STRINGS.items():
                 if needle in node.value:
                     yield line, f"the string {node.value[:40]!r}: {what}"

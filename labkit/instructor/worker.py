@@ -35,15 +35,6 @@ _ANSWER_CELL = "__import__('sys').audit('labkit.answer')"
 MAX_MESSAGE_BYTES = 256 * 2**20
 
 
-def answer_cases(namespace: dict[str, Any], cases_path: str, answers_path: str) -> None:
-    """The answering step without a kernel or a wall (tests, and grading by hand): ``cases_path``'s plan
-    answered from ``namespace``, written to ``answers_path``."""
-    from labkit.instructor.watch import answer_plan
-
-    plan = json.loads(Path(cases_path).read_text(encoding="utf-8"))
-    Path(answers_path).write_text(json.dumps(answer_plan(namespace, plan)), encoding="utf-8")
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The notebook run
 
@@ -116,8 +107,7 @@ class _Step:
                     message = wire.unsign(self.key, wire.read_frame(fd, 2**20, self.timeout_s))
                     if message == b"go":
                         break
-                    # Signed but not "go": the step ended before it asked for the cases (a thread the notebook
-                    # started was still running, say), and this is its result.
+                    # Signed but not "go": the step ended before it asked for the cases, and this is its result.
                     self.answers = json.loads(message)
                     return
                 except wire.WireError as error:
@@ -186,8 +176,9 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     # Read once, before any of its code runs: a notebook that rewrites its own file changes nothing here.
     original = (job / "submission.ipynb").read_text(encoding="utf-8", errors="replace")
     step: _Step | None = None
+    carried = 0.0  # the budget a cell that ignored its interrupt used: not given back on the next run
     for _ in range(MAX_KERNEL_DEATHS + 1):
-        spent = {"seconds": 0.0, "started": None}  # per kernel: a kernel death costs at most one budget more
+        spent = {"seconds": carried, "started": None}  # per kernel: a crash costs at most one budget more
         if isolated:
             _kill_others(_ancestors())  # nothing a previous kernel left may touch the next one's start
         notebook = nbformat.reads(original, as_version=4)
@@ -257,8 +248,11 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
             died = client.current_cell
             if died is None or died in (0, last):
                 break
-            skipped[died - 1] = ("the kernel ignored the interrupt at the time limit and was killed"
-                                 if client.ignored_interrupt_at == died else _death_reason(client))
+            if client.ignored_interrupt_at == died:
+                skipped[died - 1] = "the kernel ignored the interrupt at the time limit and was killed"
+                carried = spent["seconds"] + time.monotonic() - (spent["started"] or time.monotonic())
+            else:
+                skipped[died - 1] = _death_reason(client)
             budget = client.output_budget
             continue
         finally:
