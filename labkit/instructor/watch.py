@@ -71,7 +71,12 @@ def install(fd: int, lab: str) -> None:
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
     state: dict[str, Any] = {"busy": False, "step": False, "refused": []}
     known: dict[str, bool] = {}
-    shell = _shell()
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
     kit = Kit(exercises(lab))  # the exercises and their functions to disarm, bound before any learner code
     setters = {calling.call_safely.__code__}
 
@@ -134,15 +139,6 @@ def install(fd: int, lab: str) -> None:
     hook.__cantrace__ = True
     calling.OPAQUE.add(hook.__code__)  # the checker's tripwire does not look inside the grader's own hook
     sys.addaudithook(hook)
-
-
-def _shell() -> Any:
-    try:
-        from IPython import get_ipython
-
-        return get_ipython()
-    except ImportError:
-        return None
 
 
 def _process_memory(path: Any) -> bool:
