@@ -19,7 +19,8 @@ def test_a_choice_prediction_is_the_prediction_a_lab_spelled_out_before():
         asked="why a tokenizer of the same size can still break a run: one of "
               + ", ".join(f'"{key}"' for key in TOKENIZER_CHOICES),
         hint='return one lower-case letter as a string, e.g. "a"; an embedding row is looked up by id, and the id is '
-             "all the model ever sees of the text")
+             "all the model ever sees of the text", reveal=PREDICT_TOKENIZER.reveal,
+        giveaways=PREDICT_TOKENIZER.giveaways)
     assert PREDICT_TOKENIZER == spelled_out
     assert PREDICT_TOKENIZER.hand_cases[0].label == ('why a tokenizer of the same size can still break a run: one of '
                                                      '"a", "b", "c", "d"')
@@ -30,3 +31,18 @@ def test_a_choice_prediction_accepts_only_its_letters():
                              choices={"a": "one", "b": "two"}, question="which is even", hint="halve it")
     assert check_function(quiz, lambda: "b").close is True and check_function(quiz, lambda: "a").close is False
     assert "your answer must be one of 'a', 'b', got 'c'" in str(check_function(quiz, lambda: "c"))
+
+
+def test_a_prediction_shows_its_reveal_once_answered_in_text_and_html():
+    quiz = choice_prediction("zz.quiz", "Predict: the even one", "even_choice", lambda: "b",
+                             choices={"a": "one", "b": "two"}, question="which is even", hint="halve it",
+                             reveal="**b**: two halves\n    evenly.\n\nThen `2 % 2 == 0`.", giveaways=("halves evenly",))
+    answered = check_function(quiz, lambda: "a")
+    assert str(answered).endswith("Why:\n  **b**: two halves evenly.\n  Then `2 % 2 == 0`.")
+    assert "<b>b</b>: two halves evenly." in answered._repr_html_()
+    assert "<code>2 % 2 == 0</code>" in answered._repr_html_()
+    for unanswered in (check_function(quiz, lambda: "c"), check_function(quiz, None)):
+        assert "Why" not in str(unanswered) and "halves" not in unanswered._repr_html_()
+    plain = choice_prediction("zz.plain", "Predict: the even one", "even_choice", lambda: "b",
+                              choices={"a": "one", "b": "two"}, question="which is even", hint="halve it")
+    assert "Why" not in str(check_function(plain, lambda: "a"))  # a verdict without a reveal reads as before

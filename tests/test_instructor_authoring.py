@@ -6,7 +6,8 @@ import nbformat
 import pytest
 
 from labkit.instructor.authoring import (
-    CHECK_TAG, KERNELSPEC, REVEAL_TAG, STUB, hide_reveals, is_reveal, learner_tags, learner_version, strip_solutions,
+    CHECK_TAG, KERNELSPEC, REVEAL_TAG, STUB, hide_reveals, is_reveal, learner_tags, learner_version, source_is_hidden,
+    strip_solutions,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,6 +97,28 @@ def test_a_reveal_is_emptied_and_unchecked_in_the_learner_copy_only():
     hide_reveals(learner)
     assert [bool(c.outputs) for c in learner.cells[1:]] == [True, True, False, False]
     assert [c.execution_count for c in learner.cells[3:]] == [None, None]
+
+
+def test_a_reveal_opens_with_its_source_collapsed_in_the_learner_copy_only():
+    solution = _toy_notebook()
+    learner = learner_version(solution)
+    assert [source_is_hidden(c) for c in learner.cells] == [False, False, False, True, True]
+    assert learner.cells[3].metadata["jupyter"] == {"source_hidden": True}  # JupyterLab collapses the input
+    assert learner.cells[3].metadata["cellView"] == "form"  # Colab shows the form view, code behind "Show code"
+    assert not any(source_is_hidden(c) for c in solution.cells)  # the instructor reads every line
+
+
+# Learner copies not yet rebuilt since reveals hide their source (non-strict: a rebuild makes them pass).
+NOT_REBUILT = {"04_outliers_quantization.ipynb": "lab 04's notebooks were being reworked (#40); rebuilt next"}
+
+
+@pytest.mark.parametrize("solution_path", [
+    pytest.param(path, id=path.name, marks=[pytest.mark.xfail(reason=NOT_REBUILT[path.name], strict=False)]
+                 if path.name in NOT_REBUILT else []) for path in SOLUTIONS])
+def test_every_committed_reveal_hides_its_source_and_nothing_else_does(solution_path):
+    learner = nbformat.read(ROOT / "notebooks" / solution_path.name, as_version=4)
+    assert [number for number, cell in enumerate(learner.cells) if is_reveal(cell)] == [
+        number for number, cell in enumerate(learner.cells) if source_is_hidden(cell)]
 
 
 def test_only_a_code_cell_can_be_a_reveal():

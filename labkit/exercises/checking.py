@@ -284,4 +284,4 @@ def prediction_verdict(exercise: Exercise, outcome_of: Callable[[], Outcome]) ->
         + ("" if tolerance == "exactly" else f"; close ({tolerance}): {'yes' if close else 'no'}"),
         "the point is for committing to an answer before the reveal; how close it came is recorded as your "
         "prediction accuracy, not scored",
-    ), close=close)
+    ), close=close, reveal=exercise.reveal)

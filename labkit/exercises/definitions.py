@@ -74,6 +74,11 @@ class Exercise:
     kind: str = "code"  # "code": scored on agreeing with the reference; "prediction": see :func:`prediction`
     choices: tuple[Any, ...] = ()  # a prediction's possible answers, when it is a choice (a letter, a GPU count)
     grader_cases: tuple[Case, ...] = ()  # hand cases only ``labkit grade`` runs (the notebook's check does not)
+    # A prediction's explanation, shown by its check once the learner has committed an answer (never above it),
+    # and the words and numbers that would state its answer anywhere a learner reads before answering
+    # (``tests/test_giveaways.py`` looks for them in the learner notebook).
+    reveal: str = ""
+    giveaways: tuple[str, ...] = ()
 
     @property
     def lab(self) -> str:
@@ -111,6 +116,12 @@ class Verdict:
     status: str  # "passed", "failed", "not attempted", or "error" (labkit's side could not check the answer)
     lines: tuple[str, ...]  # the explanation, one line each
     close: bool | None = None  # a prediction's accuracy (not scored); None for other exercises
+    reveal: str = ""  # a committed prediction's explanation (``Exercise.reveal``), shown below the lines
+
+    @property
+    def reveal_paragraphs(self) -> list[str]:
+        """The reveal's paragraphs (separated by blank lines), each on one line."""
+        return [" ".join(part.split()) for part in self.reveal.split("\n\n") if part.strip()]
 
     @property
     def points(self) -> int:
@@ -124,7 +135,8 @@ class Verdict:
     def __str__(self) -> str:
         mark = self.mark
         head = f"[{mark}] {self.exercise.title} ({self.points}/{self.exercise.points} points)"
-        return "\n".join([head, *(f"  {line}" for line in self.lines)])
+        reveal = ["", "Why:", *(f"  {paragraph}" for paragraph in self.reveal_paragraphs)] if self.reveal else []
+        return "\n".join([head, *(f"  {line}" for line in self.lines), *reveal])
 
     __repr__ = __str__
 
@@ -134,8 +146,28 @@ class Verdict:
         colour = {"passed": "#1a7f37", "failed": "#cf222e", "not attempted": "#9a6700", "error": "#6e40c9"}[self.status]
         body = "<br>".join(html.escape(line) for line in self.lines)
         title = html.escape(f"{self.mark}: {self.exercise.title} ({self.points}/{self.exercise.points})")
-        return (f'<div style="border-left:4px solid {colour};padding:4px 10px;font-family:monospace">'
-                f'<b style="color:{colour}">{title}</b><br>{body}</div>')
+        verdict = f'<b style="color:{colour}">{title}</b><br>{body}'
+        if not self.reveal:
+            return f'<div style="border-left:4px solid {colour};padding:4px 10px;font-family:monospace">{verdict}</div>'
+        reveal = "".join(f'<p style="margin:6px 0 0 0">{_inline_html(paragraph)}</p>'
+                         for paragraph in self.reveal_paragraphs)
+        return (f'<div style="border-left:4px solid {colour};padding:4px 10px"><div style="font-family:monospace">'
+                f'{verdict}</div><div style="font-family:var(--jp-content-font-family, sans-serif);margin-top:6px">'
+                f"<b>Why:</b>{reveal}</div></div>")
+
+
+def _inline_html(text: str) -> str:
+    """A reveal paragraph as HTML: escaped, with ``**bold**`` and ```code``` marked up.
+
+    >>> _inline_html("answer **b**: `x < 1`")
+    'answer <b>b</b>: <code>x &lt; 1</code>'
+    """
+    import html
+    import re
+
+    escaped = html.escape(text, quote=False)
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", escaped)
+    return re.sub(r"`(.+?)`", r"<code>\1</code>", escaped)
 
 
 _MARKS = {"passed": "PASSED", "failed": "FAILED", "not attempted": "NOT ATTEMPTED", "error": "LABKIT ERROR"}
@@ -156,12 +188,15 @@ def _no_random_case(generator: torch.Generator) -> Case:
 
 
 def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
-               rtol: float = 0.0, atol: float = 0.0, points: int = 1, choices: tuple[Any, ...] = ()) -> Exercise:
+               rtol: float = 0.0, atol: float = 0.0, points: int = 1, choices: tuple[Any, ...] = (),
+               reveal: str = "", giveaways: tuple[str, ...] = ()) -> Exercise:
     """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a prediction.
 
     It earns its points when it is well-formed (:func:`labkit.exercises.checking.prediction_problem`);
     ``answer()`` (labkit computing the truth) then decides only whether it was *close*: within rtol/atol for a
-    number, equal otherwise.
+    number, equal otherwise. ``reveal`` is the explanation the check shows after a well-formed answer (the words
+    that would give the answer away if a notebook printed them above or just below the check); ``giveaways`` are
+    the words and numbers that state the answer, which nothing a learner reads before answering may contain.
 
     >>> guess = prediction("zz.guess", "Predict: 2 + 2", "predicted_sum", lambda: 4.0, asked="2 + 2", hint="add",
     ...                    atol=0.5)
@@ -170,11 +205,12 @@ def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *,
     """
     return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
                     rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
-                    hints=(hint,), kind="prediction", choices=tuple(choices))
+                    hints=(hint,), kind="prediction", choices=tuple(choices), reveal=reveal,
+                    giveaways=tuple(giveaways))
 
 
 def choice_prediction(id: str, title: str, function: str, answer: Callable[[], str], *, choices: dict[str, str],
-                      question: str, hint: str) -> Exercise:
+                      question: str, hint: str, reveal: str = "", giveaways: tuple[str, ...] = ()) -> Exercise:
     """A multiple-choice prediction: ``function()`` returns one lower-case letter, a key of ``choices`` (the
     letters and their texts, as the notebook shows them). ``hint`` goes on after the hint on the answer's form.
 
@@ -187,7 +223,8 @@ def choice_prediction(id: str, title: str, function: str, answer: Callable[[], s
     """
     return prediction(id, title, function, answer, choices=tuple(choices),
                       asked=f"{question}: one of " + ", ".join(f'"{key}"' for key in choices),
-                      hint='return one lower-case letter as a string, e.g. "a"; ' + hint)
+                      hint='return one lower-case letter as a string, e.g. "a"; ' + hint, reveal=reveal,
+                      giveaways=giveaways)
 
 
 def single_answer(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,

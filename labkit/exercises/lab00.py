@@ -239,4 +239,14 @@ def tokenizer_answer() -> str:
 PREDICT_TOKENIZER = register(choice_prediction(
     "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
     tokenizer_answer, choices=TOKENIZER_CHOICES, question="why a tokenizer of the same size can still break a run",
-    hint="an embedding row is looked up by id, and the id is all the model ever sees of the text"))
+    hint="an embedding row is looked up by id, and the id is all the model ever sees of the text",
+    reveal="""**b**. The model never reads text: it looks each id up in its embedding matrix, one row per id, and
+    nothing in that row says which piece of text the id stood for. A tokenizer of the same size fits every shape,
+    yet its ids point at other rows, so the model reads a sequence nobody wrote and answers it.
+
+    The next two cells show it: they read the question's ids through a table shifted by one entry (each id now
+    means what the next id meant), as a mismatched tokenizer of the same size would, and ask the model the shifted
+    chat prompt. Keep the tokenizer, its special-token rules and the chat template with the weights they were
+    trained with.""",
+    giveaways=("shifted by one entry", "means what the next id meant", "1781", "read nonsense", "answered nonsense",
+               "which piece of text the id stood for", "what text an id stood for")))

@@ -72,7 +72,14 @@ PREDICT_ORDER = register(prediction(
     survivors_in_each_order,
     asked="logits (log 8, log 4, log 2, log 1), T = 1/2, top-p = 3/4",
     hint="return two strings of letters in alphabetical order, e.g. (\"ABCD\", \"ABC\"): first the tokens left when "
-         "temperature comes first, then when the filter comes first"))
+         "temperature comes first, then when the filter comes first",
+    reveal="""("A", "AB"). Temperature first: at T = 1/2 the probabilities are (64, 16, 4, 1)/85, and A alone
+    holds 64/85 ≈ 0.753, already at least 3/4, so only A survives. Filter first: the nucleus at T = 1 is {A, B}
+    (8/15 + 4/15 = 0.8), and T = 1/2 on those two gives (64, 16)/80 = (4/5, 1/5).
+
+    Two algorithms, hence the `order` parameter of labkit's sampling functions: `"temperature_first"` (the
+    default, transformers' order) or `"filters_first"`. The next cell computes both.""",
+    giveaways=("only A survives", "only $A$ survives", "64/85", "0.753", "(4/5, 1/5)", "(64, 16)/80")))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -420,7 +427,11 @@ PREDICT = register(prediction(
     rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
     asked=f"the prompt {PREDICT_PROMPT!r} at T = {PREDICT_TEMPERATURE}, top-p = {PREDICT_TOP_P}",
     hint="return your prediction as a number; lower temperature sharpens the distribution, so fewer tokens are "
-         "needed to reach the same mass"))
+         "needed to reach the same mass",
+    reveal="""Dividing the logits by 0.7 stretches every gap between them by 1/0.7 ≈ 1.43: the leading tokens take
+    a much larger share of the mass, so far fewer of them are needed to reach 90 % than the 121 kept at T = 1. The
+    next cell prints how much of the mass the top three tokens hold at each temperature, and the count.""",
+    giveaways=("1/0.7", "1.43", "far fewer", "keeps 24", "24 tokens")))
 
 __all__ = ["APPLY_TEMPERATURE", "NUCLEUS", "PREDICT", "PREDICT_ORDER", "TOP_K", "survivors_in_each_order", "nucleus_probs", "kept_tokens_on_the_model",
            "TOP_P_TOLERANCE"]

@@ -470,7 +470,12 @@ PREDICT_GENRES = register(prediction(
     genre_order,
     asked="the seven genres of the evaluation text, lowest perplexity first",
     hint="return a list of the seven genre names (story, encyclopedia, recipe, dialogue, code, poem, news), each "
-         "once, the most predictable first"))
+         "once, the most predictable first",
+    reveal="""Text that follows fixed forms is the easiest: code repeats its names and syntax, and the recipe its
+    set phrases, so code and the recipe come first; the poem, which picks unexpected words on purpose, comes last.
+    The table below gives each genre's perplexity beside the model's own expectation, exp(entropy).""",
+    giveaways=("code and the recipe", "code is the most", "poem is the least", "the poem the least", "code, recipe",
+               "poem comes last", "poem, which picks unexpected words")))
 
 
 def best_temperature() -> float:
@@ -484,7 +489,16 @@ PREDICT_TEMPERATURE = register(prediction(
     "predicted_best_temperature", best_temperature, choices=TEMPERATURES,
     atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
     asked=f"the grid {TEMPERATURES}",
-    hint="return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature"))
+    hint="return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature",
+    reveal="""The lowest perplexity is at T = 1, with T = 1.1 a hair behind (about 17.9 and 18.0): the model was
+    trained to minimise cross-entropy at T = 1, so scoring at any other temperature costs. Below 1 the model is
+    over-confident (a wrong favourite costs more); above 1 it spreads probability onto tokens that did not come.
+
+    Per unit of T the perplexity climbs faster below 1 than above (T = 0.5, half a unit below, reaches about 61;
+    T = 2, a whole unit above, about 67); per factor it does not: halving T costs less than doubling it. The next
+    cells print the grid and draw the curve.""",
+    giveaways=("lowest perplexity is at", "minimum is at", "trained to minimise cross-entropy at",
+               "trained to minimize cross-entropy at", "17.9", "lowest on this grid at T = 1")))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -506,4 +520,11 @@ def cache_test_answer() -> str:
 PREDICT_CACHE_TEST = register(choice_prediction(
     "02.predict_cache_test", "Predict: the comparison that tests a KV cache", "cache_test_choice", cache_test_answer,
     choices=CACHE_TEST_CHOICES, question="the lesson's retrieve-and-predict question 5",
-    hint="once two runs pick different tokens, what are their next steps still comparing?"))
+    hint="once two runs pick different tokens, what are their next steps still comparing?",
+    reveal="""**b**. Fed the same tokens at every step, the cached and the recomputing paths answer the same
+    question, and they agree within float rounding, not bit for bit (the cache adds the same numbers in a different
+    order). Free-running samples (a) stop testing the cache at the first different token, perplexities (c) average
+    the evidence away, and bit-identical logits (d) fail a correct cache. The next cell runs the uncached path on
+    the same tokens and compares every step's logits.""",
+    giveaways=("answer **b**", "within float rounding", "uncached path on the same tokens", "two answers to one question",
+               "fail a correct cache", "average the evidence away")))

@@ -52,7 +52,17 @@ PREDICT_ROUND_TRIP = register(prediction(
     asked=f"{N_FROM_FP16 + N_TUNED:,} FP32 weights, {N_TUNED / (N_FROM_FP16 + N_TUNED):.0%} of them fine-tuned in FP32 "
           "and the rest copied from an FP16 release, saved in FP16, loaded into FP32 (within 5)",
     hint="return a number of weights (of 1,000); widening FP16 to FP32 is exact, so ask which weights had already "
-         "lost something when they were saved"))
+         "lost something when they were saved",
+    reveal="""FP32 gives back only what FP16 kept. The 400 copied weights were on FP16's grid already, so saving
+    lost nothing and they return bit for bit. Each fine-tuned weight was rounded to its nearest FP16 value when
+    saved (a relative change of at most half FP16's spacing, 2^-11, in FP16's normal range), and FP32 then holds
+    that rounded value exactly: it has 13 more mantissa bits and nothing to put in them. A fine-tuned weight
+    survives only if those 13 bits happen to be all zero, a chance of about 2^-13 each.
+
+    The other direction is exact: every finite FP16 value widens to FP32 and narrows back unchanged. The next cells
+    count the weights, try every FP16 value, and show what rounding to FP16 does to a few familiar numbers.""",
+    giveaways=("only what FP16 kept", "nothing to put in them", "return bit for bit", "400 copied", "400 of",
+               "happen to be all zero")))
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -47,7 +47,11 @@ PREDICT = register(prediction(
     rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
     asked=f"layer {PREDICT_LAYER}, input of q/k/v_proj, threshold {PREDICT_THRESHOLD}, prompt {PREDICT_PROMPT!r}",
     hint="return your prediction as a number of channels (of 576); the Linear reads the residual stream divided "
-         "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold"))
+         "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold",
+    reveal="""One channel of the 576 reaches 6: the small minority LLM.int8()'s float part is designed for. On the
+    residual stream nearly every channel would, but RMSNorm divides each token by its own root mean square,
+    bringing the median |x| from about 2 to about 0.1. The next cell prints both, with the channel's number.""",
+    giveaways=("One channel", "channel 247", "(247)", "one of the 576")))
 
 __all__ = ["PREDICT", "outlier_channels_on_the_model"]
 

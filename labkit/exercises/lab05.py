@@ -288,7 +288,12 @@ PREDICT_KV = prediction(
     "05.predict_qwen3_kv_gib", "Predict: Qwen3-0.6B's KV cache at its full context, in GiB", "predicted_qwen3_kv_gib",
     qwen3_full_context_kv_gib, rtol=0.02,
     asked=f"Qwen3-0.6B, one sequence of {QWEN3.max_position_embeddings:,} tokens, BF16 (within 2%)",
-    hint="return a number of GiB; which two fields give the width of the cached keys of one layer?")
+    hint="return a number of GiB; which two fields give the width of the cached keys of one layer?",
+    reveal="""Per token and layer the cache holds keys and values for 8 KV heads of width 128: 2 × 8 × 128 = 2,048
+    numbers, 4,096 bytes in BF16. Times 28 layers that is 114,688 bytes a token, and times 40,960 tokens 4.375 GiB.
+    The shortcut head_dim = d_model / n_heads (64 here) halves it: read head_dim from the config. The next cell
+    computes both, and the worked example of the lesson.""",
+    giveaways=("4.375", "114,688", "halves it", "halves Qwen3"))
 
 
 SERVED = (16, 8192)  # the prediction's batch: 16 sequences of 8,192 tokens
@@ -312,7 +317,13 @@ PREDICT_GQA = prediction(
     asked="Llama-3-8B in BF16, 16 x 8,192 tokens: weights + KV cache with 8 KV heads as a fraction of the same "
           "with 32 (within 0.02)",
     hint="return a fraction such as 0.5; which of the two parts does the number of KV heads change, and how "
-         "large is each?")
+         "large is each?",
+    reveal="""The cache follows the KV heads: 8/32 of multi-head attention's, and 1/32 with multi-query. The
+    weights do not: for 16 sequences of 8,192 tokens, weights + cache shrink to about 0.38 of the multi-head
+    model's, not to a quarter, because the 16 GB of weights stay. On an A100 80GB (the dashed line in the next
+    figure: what Llama-3-8B's BF16 weights leave), one 128K-token multi-head sequence (64 GiB) would just fit, with
+    nothing else; as built it needs 16 GiB.""",
+    giveaways=("0.38", "0.385", "not to a quarter", "weights stay", "x 0.385"))
 
 
 def fewest_h100s_fp16_chunked() -> int:
@@ -329,7 +340,11 @@ PREDICT_GPUS = prediction(
     "05.predict_h100_count", "Predict: the fewest H100s for Llama-3.3-70B in FP16, 16 x 16,384 tokens",
     "predicted_h100_count", fewest_h100s_fp16_chunked, choices=(1, 2, 4, 8),
     asked="Llama-3.3-70B in FP16, 16 x 16,384 tokens, FP16 cache, chunks of 8,192 tokens, 10% reserve: 1, 2, 4 or 8",
-    hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs")
+    hint="return 1, 2, 4 or 8; add the weights and the cache first, then divide by the GPUs",
+    reveal="""**4**. With chunks, FP16 fits on 4 H100s and INT4 on 2; in one pass INT4 needs 4, the worst case
+    rather than how a server runs. The KV cache (80 GiB in all) outweighs the INT4 weights: quantizing the weights
+    alone buys less than it seems. The next cell draws the grid of every setting and prints the parts.""",
+    giveaways=("fits on 4", "4 H100s", "**4** H100s", "four H100s", "fewest H100s: 4"))
 
 
 # ----- the paged KV allocator: a block table over a fixed pool of blocks -----

@@ -1,5 +1,5 @@
-"""Lab 06's exercises: the KV-cached greedy loop written by hand (identical tokens to labkit's ``generate``, exactly
-n - 1 decode calls), a timing harness checked on a clock the checker controls, the decode floor from a spec and a
+"""Lab 06's exercises: the KV-cached greedy loop written by hand (identical tokens to labkit's ``generate``, the
+prefill once and the decode calls counted), a timing harness checked on a clock the checker controls, the decode floor from a spec and a
 bandwidth, the line time = overhead + bytes / bandwidth fitted through measured weight formats, and predictions
 (forward calls after the prefill, a shorter run's end-to-end latency, batching's throughput and who finishes
 sooner) checked against the model and labkit's arithmetic.
@@ -55,7 +55,12 @@ def decode_calls_for_eight_tokens() -> int:
 PREDICT_CALLS = register(prediction(
     "06.predict_forward_calls", "Predict: forward calls after the prefill for eight output tokens",
     "forward_calls_after_prefill", decode_calls_for_eight_tokens,
-    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?"))
+    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?",
+    reveal="""The prefill's logits at the last prompt position already choose the first new token. Each decode call
+    feeds the newest token, and its logits choose the one after it: for n tokens, n - 1 decode calls (7 for eight),
+    and none at all for one token. The last token is chosen but never fed back. The next cell counts the calls.""",
+    giveaways=("n - 1", "n − 1", "n-1", "7 decode", "seven decode", "decode: 7", "first new token",
+               "never fed back")))
 
 # ----- 06.greedy_loop: the KV-cached greedy loop, by hand -----
 
@@ -144,7 +149,7 @@ def _drops_eos(runner, prompt_ids, max_new_tokens, eos_token_id):
 
 GREEDY_LOOP = register(Exercise(
     id="06.greedy_loop",
-    title="The KV-cached greedy loop: one prefill, then n - 1 decode calls for n tokens",
+    title="The KV-cached greedy loop: prefill once, then decode with the cache",
     function="greedy_generate",
     reference=reference_greedy_tokens,
     allowed=(StepCounter,),
@@ -353,7 +358,11 @@ PREDICT_SHORTER = register(prediction(
     "06.predict_shorter_run_e2e", "Predict: E2E of a run with half the tokens and the same speed",
     "predicted_shorter_run_e2e_ms", shorter_run_e2e_ms, rtol=0.01,
     asked=f"TTFT {EXAMPLE_TTFT_MS} ms, TPOT {EXAMPLE_TPOT_MS} ms, {SHORTER_TOKENS} tokens instead of {EXAMPLE_TOKENS}",
-    hint="E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed"))
+    hint="E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed",
+    reveal="""E2E = TTFT + (n - 1) × TPOT: 700 + 9 × 35 = 1,015 ms for 10 tokens, against 1,365 ms for 20. A
+    quarter lower, with not one token computed faster: E2E mixes speed with length, so two runs' E2E compare their
+    speeds only at the same number of tokens.""",
+    giveaways=("quarter", "1,015", "1015", "25 %", "25%", "9 × 35", "9 x 35", "e2e_estimate(700, 35, 10)")))
 
 # ----- 06.decode_floor_ms -----
 
@@ -578,7 +587,13 @@ PREDICT_SOONER = register(prediction(
     "predicted_requests_sooner", requests_finishing_sooner_in_a_batch,
     asked="EXAMPLE_CPU, three requests of 32 prompt tokens and 16 new tokens: one batch of 3 against one after "
           "another", hint="compare each request's finish time: served k-th, it waits for k - 1 whole requests first; "
-                          "in the batch, all finish when the batch does"))
+                          "in the batch, all finish when the batch does",
+    reveal="""Two of the three. In the batch all three finish together, when the batch does; one after another,
+    the k-th finishes after k whole requests. The batch ends after more than one request's time but less than
+    two: the first in line, which alone would have finished after one request, finishes later in the batch, and
+    the other two sooner. Servers therefore cap the batch and use continuous batching: a finished request leaves
+    the batch and a waiting one joins at the next step (Orca, then vLLM).""",
+    giveaways=("Two of the three", "first in line", "2 of 3", "-> later", "finishes later", "gains least")))
 
 
 # ----- 06.predict_batch_throughput: predict, then check -----
@@ -597,4 +612,8 @@ PREDICT = register(prediction(
     "predicted_throughput_gain", throughput_gain_on_the_example, rtol=0.25,  # within 25% of the model's answer
     asked="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1",
     hint="return your prediction as a number; each decode step reads the weights once for the whole batch, but the "
-         "prefill work grows with the batch"))
+         "prefill work grows with the batch",
+    reveal="""Less than 8×: each decode step shares one read of the weights, but does 6 ms of work per sequence,
+    and all eight prompts are prefilled before anyone's first token. The next cell prints both batches' TTFT, TPOT
+    and throughput.""",
+    giveaways=("Less than 8", "4.43", "x4.43", "4.4×", "4.4x")))

@@ -34,7 +34,13 @@ PREDICT_GAMMA = register(prediction(
     atol=1.0,  # within one draft of the optimum
     asked=f"alpha = {PREDICT_ALPHA}, c = {PREDICT_COST}",
     hint="return a number; more drafts cost gamma * c each call but the k-th draft only survives with probability "
-         "alpha**k"))
+         "alpha**k",
+    reveal="""γ = 8. Each draft costs c = 0.05 of a target call, every call, while the k-th draft is used only with
+    probability 0.8^k: one more draft gains less and less, until its gain no longer pays for its cost. The optimum
+    is flat: one draft either side of it the speedup is within 1 %, and four drafts too few lose more than four too
+    many. The next cell prints the speedup at each γ from 4 to 12.""",
+    giveaways=("γ = 8", "gamma = 8", "gamma 8", "alpha 0.8, c 0.05: 8", "8 drafts", "eight drafts",
+               "optimum is flat")))
 
 # --------------------------------------------------------------------------------------------------------------
 # 07.speculative_round: one round, its random numbers passed in so the emitted tokens are exact

@@ -215,11 +215,19 @@ class MemoryExplorer(Explorer):
 
         style = layout.description_style(84)
         self.column_width = 384
+        self.toggle_titles: dict[str, Any] = {}  # a toggle group's name -> the line above it
 
         def toggles(options, value, description, button_width):
-            return widgets.ToggleButtons(options=options, value=value, description=description,
-                                         style={**style, "button_width": f"{button_width}px"},
-                                         layout=layout.full_width())
+            # The group's name is a line of its own above the buttons, not the widget's description: an inline
+            # description shares the column with the buttons, and at 1024 px the row overflowed the output area
+            # and lost its first letters ("eights" for "weights"). Buttons at their own width, nothing at 100 %.
+            group = widgets.ToggleButtons(options=options, value=value, tooltips=[description] * len(options),
+                                          style={"button_width": f"{button_width}px"},
+                                          layout=widgets.Layout(width="auto", max_width="100%"))
+            self.toggle_titles[description] = widgets.HTML(
+                f'<div style="font-size:var(--jp-widgets-font-size, 13px)">{description}</div>',
+                layout=widgets.Layout(margin="4px 0 0 4px"))
+            return group
 
         self.controls = {
             "preset": widgets.Dropdown(options=list(model_presets()), value=preset, description="model", style=style,
@@ -249,12 +257,18 @@ class MemoryExplorer(Explorer):
                                      layout=widgets.Layout(width=f"{self.canvas.pixel_size[0] + 12}px",
                                                            max_width="100%", flex="0 1 auto"))
         self.widget = widgets.VBox([
-            layout.row([layout.column([c["preset"], c["gpu_name"], c["weight_fmt"], c["kv_dtype"], c["attention"],
-                                       c["tp"], c["prefill_chunk"], c["log2_batch"], c["log2_seq"], self.sizes],
+            layout.row([layout.column([c["preset"], c["gpu_name"], *self._titled("weight_fmt", "weights"),
+                                       *self._titled("kv_dtype", "KV cache"), *self._titled("attention", "attention"),
+                                       *self._titled("tp", "GPUs (TP)"), *self._titled("prefill_chunk", "prefill"),
+                                       c["log2_batch"], c["log2_seq"], self.sizes],
                                       self.column_width),
                         figure_column]),
             self.text,
         ])
+
+    def _titled(self, name: str, title: str) -> list[Any]:
+        """A toggle group under its name."""
+        return [self.toggle_titles[title], self.controls[name]]
 
     def values(self) -> dict[str, Any]:
         """The controls' settings as compute's arguments (the sliders hold powers of two)."""

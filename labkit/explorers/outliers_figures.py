@@ -11,9 +11,10 @@ from typing import Any
 
 from labkit.explorers.canvas import describe, readable
 
-# A scheme's group, read from the start of its label: what it quantizes.
+# A scheme's group, read from the start of its label: what it quantizes. An "A8 ..." scheme keeps lab 04's INT8
+# weights (per channel) and adds INT8 activations at some Linears only, so its weights are quantized too.
 GROUPS = (("weights and activations", re.compile(r"W\d+A\d+"), "tab:orange"),
-          ("activations of some Linears", re.compile(r"A\d+"), "tab:green"),
+          ("weights, and some Linears' activations", re.compile(r"A\d+"), "tab:green"),
           ("weights only", re.compile(r"W\d+"), "tab:blue"))
 OTHER = ("other", "tab:grey")
 
@@ -22,7 +23,7 @@ def scheme_group(label: str) -> tuple[str, str]:
     """(group, colour) of a scheme from its label: ``W8A8 ...``, ``A8 ...``, ``W4 ...``, else other.
 
     >>> [scheme_group(label)[0] for label in ("W8A8 per token", "A8 per tensor, down_proj", "W4 group 32", "fp16")]
-    ['weights and activations', 'activations of some Linears', 'weights only', 'other']
+    ['weights and activations', "weights, and some Linears' activations", 'weights only', 'other']
     """
     for name, pattern, colour in GROUPS:
         if pattern.match(label):
@@ -34,9 +35,10 @@ def scheme_cost_figure(ratios: dict[str, float], baseline: float, n_tokens: int,
                        intervals: dict[str, tuple[float, float]] | None = None) -> Any:
     """Horizontal bars of perplexity / baseline per scheme (log scale, from 1), coloured by what the scheme
     quantizes, each labelled with its change; ``intervals`` (``{label: (low, high)}`` ratios) draws error bars.
+    The legend sits below the axes, where it covers no bar and no label.
 
     >>> figure = scheme_cost_figure({"W8 per channel": 1.01, "W8A8 per token": 0.98}, 70.68, 128)
-    >>> [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    >>> [text.get_text() for text in figure.legends[0].get_texts()]
     ['weights only', 'weights and activations']
     """
     from matplotlib.figure import Figure
@@ -50,7 +52,7 @@ def scheme_cost_figure(ratios: dict[str, float], baseline: float, n_tokens: int,
         raise ValueError(f"intervals name schemes that ratios does not: {sorted(unknown)}")
     labels = list(ratios)
     groups = [scheme_group(label) for label in labels]
-    figure = Figure(figsize=(7.5, 0.8 + 0.3 * len(labels) + 0.6), dpi=80, layout="constrained")
+    figure = Figure(figsize=(7.5, 0.8 + 0.3 * len(labels) + 0.9), dpi=80, layout="constrained")
     axes = figure.add_subplot()
     errors = None
     if intervals:
@@ -75,7 +77,8 @@ def scheme_cost_figure(ratios: dict[str, float], baseline: float, n_tokens: int,
              xlabel=f"perplexity / baseline ({baseline:.2f}), log scale",
              title=f"What each scheme costs, {n_tokens} tokens of the evaluation text")
     seen = list(dict.fromkeys(groups))
-    axes.legend(handles=[Patch(color=colour, label=name) for name, colour in seen], loc="lower right")
+    figure.legend(handles=[Patch(color=colour, label=name) for name, colour in seen], loc="outside lower center",
+                  ncol=len(seen), frameon=False)
 
     def said(label: str) -> str:
         words = f"{label} {ratios[label] - 1:+.1%}"

@@ -14,10 +14,12 @@ and the learner copy gets, at the marker's indentation::
 
 Everything else (markdown, other code, metadata, cell tags such as nbval's ``nbval-check-output``) is copied
 unchanged, with one exception: a cell tagged ``reveal`` shows the answer to a question the learner answers above
-it (a prediction, an exercise). The learner copy keeps such a cell but commits it without outputs, so the answer
-is not on the page before the learner has given theirs, and without the ``nbval-check-output`` tag (nbval would
-compare a fresh output with the empty committed one). Notebooks are then executed so the committed files carry
-outputs and render on a code host; the reveals are emptied after that run.
+it (a prediction, an exercise). The learner copy keeps such a cell but commits it without outputs and with its
+source collapsed (JupyterLab's ``jupyter.source_hidden``, Colab's ``cellView: form``: both show a bar to expand
+it), so neither the answer nor the code that computes it is on the page before the learner has given theirs;
+and without the ``nbval-check-output`` tag (nbval would compare a fresh output with the empty committed one).
+Notebooks are then executed so the committed files carry outputs and render on a code host; the reveals are
+emptied after that run.
 
 The course rendered for Colab and README lives here too: each notebook's Colab set-up cell and the pip commands it
 runs, the Open-in-Colab links, README's tables of labs and of graded exercises. ``data/course.json`` names the
@@ -103,6 +105,28 @@ def learner_tags(cell) -> list[str]:
     return [tag for tag in tags if tag != CHECK_TAG] if REVEAL_TAG in tags else tags
 
 
+# What the learner copy's reveal cells carry so that JupyterLab and Colab open them with the source collapsed.
+HIDDEN_SOURCE = {"jupyter": {"source_hidden": True}, "cellView": "form"}
+
+
+def hide_source(cell) -> None:
+    """Collapse a cell's source where the learner opens the notebook (JupyterLab, Colab); running it still works.
+
+    >>> from nbformat.v4 import new_code_cell
+    >>> cell = new_code_cell("print(42)")
+    >>> hide_source(cell); cell.metadata["jupyter"], cell.metadata["cellView"]
+    ({'source_hidden': True}, 'form')
+    """
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+    cell.metadata["cellView"] = HIDDEN_SOURCE["cellView"]
+
+
+def source_is_hidden(cell) -> bool:
+    """Whether both JupyterLab and Colab open the cell with its source collapsed."""
+    metadata = cell.get("metadata", {})
+    return bool(metadata.get("jupyter", {}).get("source_hidden")) and metadata.get("cellView") == "form"
+
+
 def hide_reveals(learner) -> None:
     """Empty every reveal cell of a learner notebook (after it was executed): no answer shows before the question."""
     for cell in learner.cells:
@@ -114,8 +138,8 @@ def hide_reveals(learner) -> None:
 def learner_version(notebook):
     """A copy of a solution notebook with answers stubbed and outputs cleared (an nbformat NotebookNode).
 
-    Reveal cells lose their ``nbval-check-output`` tag (:func:`learner_tags`); :func:`hide_reveals` empties them
-    again after the learner copy is executed.
+    Reveal cells lose their ``nbval-check-output`` tag (:func:`learner_tags`) and get their source collapsed
+    (:func:`hide_source`); :func:`hide_reveals` empties them again after the learner copy is executed.
     """
     learner = copy.deepcopy(notebook)
     learner.metadata["kernelspec"] = dict(KERNELSPEC)
@@ -130,6 +154,7 @@ def learner_version(notebook):
             raise ValueError(f"cell {cell.get('id', '?')}: {error}") from None
         if is_reveal(cell):
             cell.metadata["tags"] = learner_tags(cell)
+            hide_source(cell)
         cell.outputs = []
         cell.execution_count = None
     return learner
