@@ -193,7 +193,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "seed": seed,
         "limits": run.limits,
         "stopped": run.stopped,
-        "output_dropped_bytes": _int(status.get("output_dropped_bytes")),
+        "output_dropped_bytes": dropped if type(dropped := status.get("output_dropped_bytes")) is int else 0,
         "kernel_log": run.log_tail.splitlines()[-KERNEL_LOG_LINES:],  # the end of what the run printed outside cells
         "seconds": round(time.perf_counter() - started, 1),
     })
@@ -235,10 +235,6 @@ def _worker_env(job: Path) -> dict[str, str]:
 def _answer_cell_problem(status: dict[str, Any], step: dict[str, Any]) -> str | None:
     error = step.get("error") or status.get("answer_cell_error")
     return f"the grader's answering step failed: {str(error)[:300]}" if error else None
-
-
-def _int(value: Any) -> int:
-    return value if type(value) is int else 0
 
 
 def _cell_errors(status: dict[str, Any], cell_timeout_s: int) -> list[dict[str, Any]]:

@@ -191,14 +191,6 @@ def _walkable_by_others(path: Path) -> bool:
     return all(os.stat(folder).st_mode & stat.S_IXOTH for folder in [*reversed(path.parents), path])
 
 
-def wall_command(command: list[str], job_files: dict[str, bytes], env: dict[str, str], readable: list[Path],
-                 disk_mb: int = 256) -> tuple[list[str], list[int]]:
-    """``command`` run by bubblewrap with ``job_files`` in ``/job`` and ``readable`` read-only: the command line
-    and the file descriptors to hand to it (the caller closes them once bubblewrap runs)."""
-    wall = Wall(job_files, readable, disk_mb)
-    return wall.command(command, env), wall.fds
-
-
 def remove_tree(path: Path) -> None:
     """Remove a folder whatever the run left in it (any depth, any names, modes): GNU ``rm`` walks by file
     descriptors, so neither Python's recursion limit nor PATH_MAX stops it."""
