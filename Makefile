@@ -46,10 +46,13 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanit
 # The browser test's Run All of each learner notebook is also that notebook's nbval check (it compares the checked
 # outputs with nbval's own code, tests/browser_harness.py), so the learner copies are not run a third time; where
 # there is no Chromium (the browser test skips) nbval runs them as before.
+# The suite and the solution notebooks' kernels compute as the next processor down from this one (tests/cpu_profiles.py;
+# the browser's learner copies natively): every checked output proven on two kernel sets. CPU_PROFILE=native: not.
 TEST_ALL_JOBS ?= 3
+CPU_PROFILE ?= foreign
 test: setup chromium
 	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
-	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_ALL_JOBS) --dist loadscope --no-loadscope-reorder -rs --hypothesis-profile ci \
+	LABKIT_CPU_PROFILE=$(CPU_PROFILE) LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_ALL_JOBS) --dist loadscope --no-loadscope-reorder -rs --hypothesis-profile ci \
 	  --durations 15 $(NBVAL) tests labkit $$(test -x $(CHROMIUM) && echo notebooks/solutions || echo notebooks)
 
 test-suite: setup
