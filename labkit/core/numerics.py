@@ -128,6 +128,11 @@ def _real_or_tensor(x: Any) -> float:
 def round_to_format(x: torch.Tensor, fmt: Any) -> torch.Tensor:
     """Round a tensor into a format (nearest, ties to even) and back to its own dtype: what storing it loses.
 
+    A float64 tensor reaches the 16- and 8-bit formats through float32 (torch's cast rounds twice), so a value
+    within float32's spacing of a halfway point between two codes can round the other way than a single rounding
+    would: ``1 + 2**-11 + 2**-30`` becomes 1.0 in FP16, not its nearest code ``1 + 2**-10``. A float32 tensor is
+    rounded once.
+
     Overflow: FP16/BF16/E5M2 give inf; E4M3fn has no inf, and torch's cast saturates to +-448 in the pinned torch
     (2.13, measured here); older releases that ``torch>=2.1`` allows return NaN from 480 up instead.
 
