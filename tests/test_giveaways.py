@@ -122,16 +122,7 @@ def test_a_prediction_names_its_giveaways_and_its_check_explains_it(exercise):
         f"{exercise.id}: no giveaway is in its own reveal; they may not be the words that explain the answer")
 
 
-# Giveaways whose fix waits on another change (non-strict: the fix turns it into a pass without touching this file).
-KNOWN_GIVEAWAYS: dict[str, str] = {
-    "04.predict_outlier_channels": "lab 04's notebooks were being reworked (#40): its cell 9 <details> moves into the "
-                                   "check's reveal next",
-}
-
-
-@pytest.mark.parametrize("exercise", [
-    pytest.param(exercise, id=exercise.id, marks=[pytest.mark.xfail(reason=KNOWN_GIVEAWAYS[exercise.id], strict=False)]
-                 if exercise.id in KNOWN_GIVEAWAYS else []) for exercise in PREDICTIONS])
+@pytest.mark.parametrize("exercise", PREDICTIONS, ids=[exercise.id for exercise in PREDICTIONS])
 def test_nothing_a_learner_reads_before_answering_gives_the_answer(exercise):
     path = _home(exercise.id)
     found = giveaways_in(json.loads(path.read_text(encoding="utf-8")), exercise)

