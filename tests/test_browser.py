@@ -29,20 +29,28 @@ NOTEBOOKS = browser.learner_notebooks()
 
 
 @pytest.fixture(scope="module")
-def lab():
+def chromium():
+    """One Chromium per worker process: Playwright's sync API runs once per process, so every test of this module
+    (a notebook's, the layout check's) shares it."""
     reason = browser.missing()
     if reason:
         pytest.skip(reason)
-    assert browser.CAPTION == CAPTION_CLASS, "the harness looks for another caption class than labkit draws"
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as playwright:
+        launched = browser.launch(playwright)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def lab(chromium):
+    assert browser.CAPTION == CAPTION_CLASS, "the harness looks for another caption class than labkit draws"
     # The learner copies' kernels at the machine's thread count, as under nbval (conftest.notebook_threads): the
     # solution copies run at one thread in the suite, so every checked output is still proven at both.
     threads = notebook_threads(NOTEBOOKS[0])
-    with browser.JupyterLab(NOTEBOOKS, kernel_threads=threads) as server, sync_playwright() as playwright:
-        chromium = browser.launch(playwright)
+    with browser.JupyterLab(NOTEBOOKS, kernel_threads=threads) as server:
         yield server, chromium
-        chromium.close()
 
 
 def _lab_class(notebook):
@@ -161,19 +169,6 @@ def reveal_sources_shown(page, notebook) -> list[int]:
         });
         return shown;
     }""")
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    reason = browser.missing()
-    if reason:
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        launched = browser.launch(playwright)
-        yield launched
-        launched.close()
 
 
 class TestLayoutCheck:
