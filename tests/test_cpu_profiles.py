@@ -29,9 +29,9 @@ print("digest", hashlib.sha256(bits).hexdigest()[:16])"""
 
 
 def test_the_foreign_profile_is_the_next_processor_down():
-    assert cpu_profiles.FOREIGN_PROFILES["AVX512"]["MKL_ENABLE_INSTRUCTIONS"] == "AVX2"
+    assert cpu_profiles.FOREIGN_PROFILES["AVX512"] == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                                                      "ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert cpu_profiles.FOREIGN_PROFILES["AVX2"]["MKL_ENABLE_INSTRUCTIONS"] == "SSE4_2"
-    assert {profile["ATEN_CPU_CAPABILITY"] for profile in cpu_profiles.FOREIGN_PROFILES.values()} == {"default"}
     assert cpu_profiles.native_capability("flags : sse2 avx avx2 avx512f avx512vl") == "AVX2"  # no BW/DQ: AVX2 kernels
     assert cpu_profiles.native_capability("processor : 0") == "other"
 
@@ -53,8 +53,10 @@ def test_apply_sets_only_what_the_caller_left_unset_and_native_environment_takes
 def test_this_run_computes_with_the_foreign_kernels():
     import torch
 
-    expected = {"avx2": "AVX2", "default": "DEFAULT"}[cpu_profiles.foreign_profile()["ATEN_CPU_CAPABILITY"]]
-    assert torch.backends.cpu.get_cpu_capability() == expected
+    capability = cpu_profiles.foreign_profile().get("ATEN_CPU_CAPABILITY")
+    if capability is None:
+        pytest.skip("this processor's foreign profile leaves torch's own kernels as they are")
+    assert torch.backends.cpu.get_cpu_capability() == capability.upper()
 
 
 def _run(command, environ, cwd):
