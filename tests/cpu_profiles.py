@@ -43,6 +43,7 @@ FOREIGN_PROFILES = {
     "other": {},
 }
 SWITCH = "LABKIT_CPU_PROFILE"  # "foreign": this run computes as another processor (make test sets it)
+CHOSEN = "LABKIT_CPU_PROFILE_SET"  # the variables apply() set, comma-separated: what native_environment takes back
 
 
 def native_capability(cpuinfo: str | None = None) -> str:
@@ -75,8 +76,8 @@ def foreign_profile() -> dict[str, str]:
 def native_environment(environ: dict[str, str]) -> dict[str, str]:
     """``environ`` without the foreign profile: what a process started from a foreign run gets to compute natively
     (the browser test's JupyterLab). Variables the caller set themselves, before the run, are kept."""
-    chosen = {name for name in environ.get("LABKIT_CPU_PROFILE_SET", "").split(",") if name}
-    chosen |= {SWITCH, "LABKIT_CPU_PROFILE_SET"}
+    chosen = {name for name in environ.get(CHOSEN, "").split(",") if name}
+    chosen |= {SWITCH, CHOSEN}
     return {name: value for name, value in environ.items() if name not in chosen}
 
 
@@ -85,10 +86,10 @@ def apply(environ: dict[str, str] = os.environ) -> str:
 
     Returns the description :func:`describe` gives. Variables the caller already set are left as they are.
     """
-    if environ.get(SWITCH, "native") == "foreign" and "LABKIT_CPU_PROFILE_SET" not in environ:
+    if environ.get(SWITCH, "native") == "foreign" and CHOSEN not in environ:
         chosen = {name: value for name, value in foreign_profile().items() if name not in environ}
         environ.update(chosen)
-        environ["LABKIT_CPU_PROFILE_SET"] = ",".join(chosen)
+        environ[CHOSEN] = ",".join(chosen)
     return describe(environ)
 
 

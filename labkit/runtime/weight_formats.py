@@ -26,6 +26,8 @@ GPTQ/AWQ-calibrated codes (round-to-nearest here), a quantized KV cache. Layer: 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -70,6 +72,7 @@ def _packs_bf16(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and bf16_fallback_reason() is None
 
 
+@functools.cache  # oneDNN reads its ISA limit once, when it starts: one answer per process (make_linear asks 211 times)
 def bf16_fallback_reason() -> str | None:
     """Why BF16 weights multiply through torch's plain bfloat16 matmul rather than a packed oneDNN one, or None.
 
