@@ -42,3 +42,33 @@ def test_a_huge_cell_is_noted_not_read_and_costs_little():
     assert time.monotonic() - started < 10
     assert found[0]["cell"] == 0 and "not reviewed" in found[0]["what"]
     assert found[1]["cell"] == 1 and "settrace" in found[1]["what"]
+
+
+def test_a_retyped_reference_is_named_with_its_line_and_costs_nothing():
+    import inspect
+
+    from labkit.core import sampling
+
+    retyped = inspect.getsource(sampling.softmax_with_temperature).replace("logits", "scores").replace(
+        "def softmax_with_temperature", "def my_softmax")
+    found = review_notebook(_notebook("import torch", "x = 1\n" + retyped), "00")
+    assert found == [{"cell": 1, "line": 2, "what": "defines my_softmax: its code is labkit.core.sampling."
+                      "softmax_with_temperature's (labkit's reference answer) but for its names; the points are "
+                      "what the cases computed"}]
+    # One change beyond the names (a different call) is the learner's own code.
+    assert review_notebook(_notebook(retyped.replace("softmax(", "log_softmax(")), "00") == []
+
+
+def test_no_known_mistake_and_no_solution_resembles_a_reference():
+    """The bug zoo's mistakes are what learners write: never a resemblance (nor the course's own solutions)."""
+    import honest_corpus
+
+    for exercise, _, wrong in honest_corpus.mistakes():
+        found = review_notebook(_notebook(honest_corpus.mistake_source(exercise, wrong)), exercise.lab)
+        resembles = any("reference answer) but for its names" in f["what"] for f in found)
+        # A mistake built on the reference (01's ties broken the other way...) pastes the reference as its helper.
+        reference = exercise.reference
+        assert resembles == (reference.__module__ == wrong.__module__ and
+                             reference.__name__ in honest_corpus._globals_used(wrong)), (exercise.id, found)
+    for lab in ("00", "01", "02", "03", "04", "05", "06", "07"):
+        assert review_notebook(honest_corpus.solution(lab), lab) == [], lab
