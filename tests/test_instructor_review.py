@@ -72,3 +72,8 @@ def test_no_known_mistake_and_no_solution_resembles_a_reference():
                              reference.__name__ in honest_corpus._globals_used(wrong)), (exercise.id, found)
     for lab in ("00", "01", "02", "03", "04", "05", "06", "07"):
         assert review_notebook(honest_corpus.solution(lab), lab) == [], lab
+
+
+def test_a_function_too_deep_to_compare_is_still_reviewed():
+    deep = "def f(x):\n    return " + "-" * 400 + "x\nimport sys\nsys.settrace(None)\n"  # parses; copying recurses
+    assert [f["what"].split(":")[0] for f in review_notebook(_notebook(deep), "00")] == ["sys.settrace"]

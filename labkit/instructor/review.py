@@ -17,6 +17,7 @@ Layer 5 (instructor tools).
 from __future__ import annotations
 
 import ast
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -196,74 +197,45 @@ def _reference_shapes(lab: str) -> dict[str, str]:
     """The shape (:func:`_shape`) of each labkit function answering a code exercise of this lab -> its full name.
     Only references: the bug zoo's mistakes are what learners write, and writing one is never a resemblance."""
     import inspect
-    import textwrap
 
     try:
         from labkit.exercises import exercises
 
-        chosen = [exercise.reference for exercise in exercises(lab) if exercise.kind == "code"]
-    except Exception:  # noqa: BLE001 - an unknown lab has no references
+        chosen = [e.reference for e in exercises(lab) if e.kind == "code" and e.reference.__module__.startswith("labkit")]
+        return {_shape(ast.parse(inspect.getsource(reference)).body[0]):
+                f"{reference.__module__}.{reference.__qualname__}" for reference in chosen}
+    except Exception:  # noqa: BLE001 - an unknown lab, or no source to compare with: no resemblance to report
         return {}
-    shapes = {}
-    for reference in chosen:
-        if not getattr(reference, "__module__", "").startswith("labkit"):
-            continue
-        try:
-            definition = ast.parse(textwrap.dedent(inspect.getsource(reference))).body[0]
-        except (OSError, TypeError, SyntaxError, IndexError):
-            continue  # no source to compare with (a built-in, a frozen install)
-        shapes[_shape(definition)] = f"{reference.__module__}.{reference.__qualname__}"
-    return shapes
 
 
 def _shape(definition: ast.AST) -> str:
-    """A function's code modulo its names: identifiers and arguments renamed in order of appearance, docstrings
-    and annotations dropped; attribute names (``torch.softmax``) and constants kept. Two functions with equal
-    shapes differ only in what they call things."""
-    renamed: dict[str, str] = {}
-
-    class Rename(ast.NodeTransformer):
-        def _name(self, name: str) -> str:
-            return renamed.setdefault(name, f"v{len(renamed)}")
-
-        def visit_Name(self, node):
-            return ast.copy_location(ast.Name(id=self._name(node.id), ctx=node.ctx), node)
-
-        def visit_arg(self, node):
-            return ast.copy_location(ast.arg(arg=self._name(node.arg)), node)
-
-        def visit_FunctionDef(self, node):
-            body = node.body[1:] if (node.body and isinstance(node.body[0], ast.Expr) and
-                                     isinstance(node.body[0].value, ast.Constant) and
-                                     isinstance(node.body[0].value.value, str)) else node.body
-            node = ast.FunctionDef(name=self._name(node.name), args=node.args, body=body or [ast.Pass()],
-                                   decorator_list=[], returns=None, type_params=[])
-            return self.generic_visit(node)
-
-        visit_AsyncFunctionDef = visit_FunctionDef
-
-        def visit_AnnAssign(self, node):
-            if node.value is None:
-                return None
-            return self.generic_visit(ast.Assign(targets=[node.target], value=node.value, lineno=0))
-
-    return ast.dump(Rename().visit(definition), annotate_fields=False)
+    """A function's code modulo its names: identifiers and arguments renamed in order of appearance, docstrings,
+    decorators and annotations dropped; attribute names (``torch.softmax``) and constants kept."""
+    definition, renamed = copy.deepcopy(definition), {}
+    for node in ast.walk(definition):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            node.name, node.returns, node.decorator_list = "f", None, []
+            first = node.body[0].value if isinstance(node.body[0], ast.Expr) else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+        elif isinstance(node, ast.Name):
+            node.id = renamed.setdefault(node.id, f"v{len(renamed)}")
+        elif isinstance(node, ast.arg):
+            node.arg, node.annotation = renamed.setdefault(node.arg, f"v{len(renamed)}"), None
+    return ast.dump(definition, annotate_fields=False)
 
 
 def _resemblances(tree: ast.AST, shapes: dict[str, str]):
     """Functions whose code equals a reference's but for its names: retyping labkit's open-source answer makes a
     correct function, so this is for the instructor's eyes only (the points are what the cases computed)."""
-    if not shapes:
-        return
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            try:
-                matched = shapes.get(_shape(node))
-            except (RecursionError, ValueError, TypeError):
-                continue
-            if matched:
-                yield node.lineno, (f"defines {node.name}: its code is {matched}'s (labkit's reference answer) "
-                                    "but for its names; the points are what the cases computed")
+    for node in ast.walk(tree) if shapes else ():
+        try:
+            matched = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and shapes.get(_shape(node))
+        except RecursionError:  # a tree deep enough to parse but not to copy: its other findings still count
+            continue
+        if matched:
+            yield node.lineno, (f"defines {node.name}: its code is {matched}'s (labkit's reference answer) "
+                                "but for its names; the points are what the cases computed")
 
 
 def _dotted(node: ast.AST) -> str | None:
