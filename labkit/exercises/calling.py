@@ -104,10 +104,8 @@ def _snapshot(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-# The grader's own code that runs while a learner's function runs (labkit.instructor.watch): PASS_THROUGH, the
-# wrapper that calls the learner's function (the tripwire looks past it, at what it calls); OPAQUE, the audit
+# The grader's own code that runs while a learner's function runs (labkit.instructor.watch): OPAQUE, the audit
 # hook the interpreter calls on the learner's events (the tripwire does not look inside, as for an allowed helper).
-PASS_THROUGH: set[Any] = set()
 OPAQUE: set[Any] = set()
 
 
@@ -134,7 +132,7 @@ def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str,
                 inside_allowed.append(frame)
             elif code in forbidden:
                 outcome.called_forbidden = forbidden[code]
-            elif code not in PASS_THROUGH:
+            else:
                 outcome.called_forbidden = _labkit_name(code)
         elif event == "return":
             if inside_allowed and frame is inside_allowed[-1]:
