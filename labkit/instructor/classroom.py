@@ -35,6 +35,7 @@ from labkit.instructor.kernel_limits import Limits
 from labkit.instructor.results import (STORE, ResultStore, content_hash, grading_context, result_key,
                                        write_atomically)
 
+JOB_WAIT_S = 1800  # how long --cluster slurm waits for its first worker (a busy queue may hold the jobs)
 INTERRUPTED = "not graded yet: the run was interrupted (run the same command again to grade the rest)"
 
 
@@ -122,16 +123,18 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
                 progress: Callable[[str], None] | None = print, *, secret: bytes | None = None, isolate: bool = True,
                 scheduler: str | None = None, security: Any = None, insecure_plain_tcp: bool = False,
                 worker_secret_file: Path | None = None, bar: bool = False, dashboard: bool = False,
-                grader: Callable[..., dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Grade every submission in ``folder`` on ``jobs`` local workers (or the cluster at ``scheduler``); write the
-    reports, the gradebook and the class picture to ``out``. Returns the reports in path order.
+                grader: Callable[..., dict[str, Any]] | None = None, cluster: str = "local") -> list[dict[str, Any]]:
+    """Grade every submission in ``folder`` on ``jobs`` local workers (``cluster="slurm"``: ``jobs`` batch jobs,
+    :mod:`labkit.instructor.jobqueue`; or the running cluster at ``scheduler``); write the reports, the gradebook
+    and the class picture to ``out``. Returns the reports in path order.
 
     ``secret`` salts the random cases (default :func:`~labkit.instructor.judging.grading_secret`); it reaches the
     workers once each, over TLS; over a plain-TCP ``scheduler`` (loopback, or anywhere with
     ``insecure_plain_tcp``) each worker reads it from ``worker_secret_file`` instead. ``grader`` replaces
     :func:`~labkit.instructor.grading.grade_notebook` on the workers (same signature; the benchmarks' stand-in).
     On an interrupt (Ctrl-C) every sandbox is stopped, what was finished is written (the rest noted on its rows)
-    and ``KeyboardInterrupt`` is raised again.
+    and ``KeyboardInterrupt`` is raised again. When no worker can grade, what was finished is written (the rest
+    noted with the reason) and :class:`~labkit.instructor.cluster.NoUsableWorkers` is raised again.
     """
     from labkit.instructor.judging import grading_secret
 
@@ -141,10 +144,19 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
         raise FileNotFoundError(f"path {folder} is not a folder")
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    if cluster != "local" and scheduler is not None:
+        raise ValueError(f"--cluster {cluster} starts its own scheduler: give it or --scheduler, not both")
     submissions = find_submissions(folder)
     if not submissions:
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
-    if scheduler is None and isolate:
+    plan = None
+    if cluster != "local":
+        from labkit.instructor.cluster import GRADER_MEMORY_BYTES
+        from labkit.instructor.jobqueue import plan_jobs
+
+        plan = plan_jobs(cluster, jobs, out, _deadline_s({"limits": limits, "cell_timeout_s": cell_timeout_s}),
+                         limits.total_memory_mb * 2**20 + GRADER_MEMORY_BYTES)
+    if scheduler is None and plan is None and isolate:
         from labkit.instructor.grading import require_isolation
 
         require_isolation()
@@ -164,17 +176,23 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     stored = store.keys()
     todo = {key: path for key, path in wanted.items() if key not in stored}
     failures: dict[str, str] = {}
-    started, workers, interrupted = time.monotonic(), 0, False
+    started, workers, interrupted, unusable = time.monotonic(), 0, False, None
     if todo:
+        from labkit.instructor.cluster import NoUsableWorkers
+
         try:
             workers = _grade_on_cluster(todo, entries, store, failures, say, jobs=jobs, scheduler=scheduler,
-                                        security=security, insecure_plain_tcp=insecure_plain_tcp,
+                                        plan=plan, security=security, insecure_plain_tcp=insecure_plain_tcp,
                                         worker_secret_file=worker_secret_file, secret=secret, bar=bar,
                                         dashboard=dashboard, options={"cell_timeout_s": cell_timeout_s,
                                                                       "limits": limits, "isolate": isolate,
                                                                       "grader": grader})
         except KeyboardInterrupt:
             interrupted = True
+        except NoUsableWorkers as error:
+            unusable = error
+            for key in todo:
+                failures.setdefault(key, f"not graded: {error} (run the same command again when workers can grade)")
     reports = _assemble(submissions, entries, store, failures, interrupted)
     _write_outputs(folder, out, submissions, reports)
     kept = store.keys()
@@ -183,13 +201,15 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
                     len(entries) - with_key, with_key - len(wanted), time.monotonic() - started, workers))
     if interrupted:
         raise KeyboardInterrupt(f"interrupted: what was finished is in {out}")
+    if unusable is not None:
+        raise unusable
     return reports
 
 
 def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]], store: ResultStore,
                       failures: dict[str, str], say: Callable[[str], None], *, jobs: int, scheduler: str | None,
-                      security: Any, insecure_plain_tcp: bool, worker_secret_file: Path | None, secret: bytes,
-                      bar: bool, dashboard: bool, options: dict[str, Any]) -> int:
+                      plan: Any, security: Any, insecure_plain_tcp: bool, worker_secret_file: Path | None,
+                      secret: bytes, bar: bool, dashboard: bool, options: dict[str, Any]) -> int:
     """Grade the submissions of ``todo`` (key -> path), storing each report as it comes; the number of workers."""
     from tqdm.auto import tqdm
 
@@ -199,8 +219,8 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
     from labkit.instructor.results import secret_identity
 
     prepare_model_cache()  # once on this machine, before any local worker starts
-    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp) as (client,
-                                                                                                 encrypted):
+    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp, plan=plan,
+                     say=say) as (client, encrypted):
         expected = machine_identity()
         if not encrypted and worker_secret_file is None:
             raise ValueError("over a plain-TCP scheduler the secret does not travel: give worker_secret_file "
@@ -210,11 +230,19 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
             write = meter.write if bar else say
             run = ClassRun(client, options, deadline_s=_deadline_s(options), say=write)
             client.register_plugin(GraderPlugin(expected, options["isolate"], secret_identity(secret),
+                                                leave_after_s=plan.leave_after_s if plan else None,
                                                 **secret_option), name=PLUGIN)
             try:
                 if dashboard and client.dashboard_link:
                     write(f"Dask dashboard: {client.dashboard_link}")
-                workers = run.usable_workers()
+                if plan is None:
+                    workers = run.usable_workers()
+                else:  # a batch queue may hold the jobs a while; a job that fails says why within the wait
+                    from labkit.instructor.jobqueue import JobWatch
+
+                    write(f"{plan.kind}: waiting up to {JOB_WAIT_S // 60} minutes for a job's worker to join")
+                    workers = run.usable_workers(JOB_WAIT_S, watch=JobWatch(client.cluster, plan.kind),
+                                                 jobs=plan.jobs)
                 learners = _learners_by_key(entries)
 
                 def done(key: str, outcome: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
     labkit build [--execute] [NAME ...]   learner notebooks from notebooks/solutions (optionally executed)
     labkit grade NOTEBOOK [--json F]      run a submission headless and score each exercise
-    labkit grade FOLDER [--out D] [--jobs N | --scheduler tls://HOST:8786]
+    labkit grade FOLDER [--out D] [--jobs N] [--cluster slurm | --scheduler tls://HOST:8786]
                                           grade a class on Dask: a JSON per submission, a CSV gradebook, a picture
     labkit cache                          where the model cache lives and how big it is
     labkit clear-cache                    delete it (the next load converts again)
@@ -34,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, help="a folder: where reports and gradebook.csv go (default FOLDER-grades)")
     grade.add_argument("--jobs", type=int, default=default_jobs,
                        help=f"a folder: submissions graded at once (default {default_jobs})")
+    grade.add_argument("--cluster", default="local", choices=["local", "slurm", "pbs", "sge", "lsf"],
+                       help="a folder: where the --jobs workers run: this machine (default), or that many batch jobs "
+                            "of one worker each, through dask-jobqueue and its ~/.config/dask/jobqueue.yaml (slurm "
+                            "is tested; pbs, sge and lsf are the same code, untested)")
     grade.add_argument("--scheduler", help="a folder: grade on the running Dask scheduler at this address "
                        "(tls://HOST:8786; tcp:// only on loopback unless --insecure-plain-tcp) instead of --jobs "
                        "local workers")
@@ -157,7 +161,7 @@ def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, lim
                "worker_secret_file": args.worker_secret_file or args.secret_file or _kept_secret_file()}
     try:
         reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits,
-                              bar=True, dashboard=True, **cluster, **options)
+                              bar=True, dashboard=True, cluster=args.cluster, **cluster, **options)
     except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
         parser.error(str(error))
     except KeyboardInterrupt:
@@ -165,7 +169,7 @@ def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, lim
               "grades the rest", file=sys.stderr)
         raise SystemExit(130) from None
     except RuntimeError as error:  # no usable worker: each one's reason
-        print(f"labkit grade: {error}", file=sys.stderr)
+        print(f"labkit grade: {error}\nthe gradebook in {out} notes every submission not graded", file=sys.stderr)
         raise SystemExit(1) from None
     print()
     print(format_class_summary(reports))

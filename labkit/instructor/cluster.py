@@ -1,8 +1,9 @@
 """Where a class is graded: Dask distributed workers, each a trusted grader that walls off every submission.
 
 ``labkit grade FOLDER --jobs N`` starts a local cluster (N single-threaded worker processes on this machine, TLS
-with certificates made for the run); ``--scheduler tls://host:8786`` uses a running one (SLURM through
-dask-jobqueue, Kubernetes through dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Either way:
+with certificates made for the run); ``--cluster slurm --jobs N`` N batch jobs of one worker each
+(:mod:`labkit.instructor.jobqueue`); ``--scheduler tls://host:8786`` uses a running one (Kubernetes through
+dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Every way:
 
 - every worker gets :class:`GraderPlugin` before it takes work. It checks that its labkit (version and code), its
   torch and its model cache are the client's, prepares the model cache once per machine (under a file lock, so
@@ -42,6 +43,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 PLUGIN = "labkit-grader"
 REFUSED = "labkit-refused"
 STARTED = "labkit-started"
+LEAVING = "labkit-leaving"
 ALLOWED_FAILURES = 3  # a submission whose worker dies 4 times is reported, not retried for ever
 # One submission per worker thread, none queued behind it on the worker: when a submission kills its worker,
 # Dask counts every task assigned to that worker as suspicious, so a queued classmate would lose one of its
@@ -120,9 +122,12 @@ class GraderPlugin(WorkerPlugin):
     idempotent = False
 
     def __init__(self, expected: dict[str, str], isolate: bool, secret_id: str, *, secret: bytes | None = None,
-                 secret_file: str | None = None) -> None:
+                 secret_file: str | None = None, leave_after_s: float | None = None) -> None:
         self.expected, self.isolate, self.secret_id = expected, isolate, secret_id
         self.secret, self.secret_file = secret, secret_file
+        # A batch job's worker this many seconds old takes no new submission and leaves (its job is replaced):
+        # Dask's --lifetime would cut the submission it runs (dask-jobqueue#122). None: no lifetime.
+        self.leave_after_s, self.leaving = leave_after_s, False
         self.problem: str | None = PENDING
 
     async def setup(self, worker: Any) -> None:
@@ -174,6 +179,20 @@ class GraderPlugin(WorkerPlugin):
             return f"its model cache (hash {cache}) differs from the client's ({self.expected['model cache']})"
         return None
 
+    def should_leave(self) -> bool:
+        """Whether this worker is too old to start another submission (then it leaves, once)."""
+        if self.leave_after_s is None:
+            return False
+        import psutil
+
+        age_s = time.time() - psutil.Process().create_time()  # Dask's --lifetime counts from the process's start
+        if age_s > self.leave_after_s and not self.leaving:
+            self.leaving = True
+            worker = get_worker()
+            worker.log_event(LEAVING, {"worker": worker.address, "age_s": round(age_s)})
+            worker.loop.add_callback(worker.close_gracefully, reason="labkit: leaving before its lifetime")
+        return self.leaving
+
 
 def _plugin() -> GraderPlugin | None:
     return get_worker().plugins.get(PLUGIN)
@@ -184,8 +203,8 @@ def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate
     """Runs on a worker: one submission (its file name and bytes) graded, walled off. ``{"report": ...}``, or
     ``{"error": ...}`` when the grader itself failed (not stored: the next run tries again)."""
     plugin = _plugin()
-    if plugin is None or plugin.problem:
-        raise Reschedule()  # a worker that refused (and is leaving) takes no submission
+    if plugin is None or plugin.problem or plugin.should_leave():
+        raise Reschedule()  # a worker that refused, or is too old for one more, takes no submission
     worker = get_worker()
     worker.log_event(STARTED, {"key": worker.get_current_task(), "worker": worker.address})
     if grader is None:
@@ -208,15 +227,25 @@ def _stop_sandboxes() -> int:
 
 @contextlib.contextmanager
 def open_client(jobs: int, scheduler: str | None = None, *, security: Security | None = None,
-                insecure_plain_tcp: bool = False) -> Iterator[tuple[Client, bool]]:
+                insecure_plain_tcp: bool = False, plan: Any = None,
+                say: Callable[[str], None] = print) -> Iterator[tuple[Client, bool]]:
     """A client of a local cluster of ``jobs`` single-threaded worker processes (TLS on loopback with certificates
-    made for this run, the nanny's memory limit off, its dashboard on a free port), or of the running scheduler
-    at ``scheduler``.
+    made for this run, the nanny's memory limit off, its dashboard on a free port), of the batch cluster of
+    ``plan`` (a :class:`~labkit.instructor.jobqueue.JobPlan`; its choices are said once), or of the running
+    scheduler at ``scheduler``.
     Yields (client, whether the connection is encrypted)."""
     import logging
 
     import dask
 
+    if plan is not None:
+        from labkit.instructor.jobqueue import open_jobqueue_cluster
+
+        with open_jobqueue_cluster(plan, say, {"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
+                                               "distributed.scheduler.worker-saturation": WORKER_SATURATION}) as c:
+            with Client(c) as client:
+                yield client, True
+        return
     if scheduler is None:
         # Workers not daemonic: a grader may start processes of its own (a daemonic process cannot).
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
@@ -266,6 +295,7 @@ class ClassRun:
         self.refused: dict[str, str] = {}
         client.subscribe_topic(STARTED, self._on_started)
         client.subscribe_topic(REFUSED, self._on_refused)
+        client.subscribe_topic(LEAVING, self._on_leaving)
 
     def _on_started(self, event: tuple[float, dict[str, Any]]) -> None:
         message = event[1]
@@ -278,15 +308,31 @@ class ClassRun:
             self.refused[message["worker"]] = message["problem"]
             self.say(f"worker {message['worker']} refused to grade: {message['problem']}")
 
+    def _on_leaving(self, event: tuple[float, dict[str, Any]]) -> None:
+        message = event[1]
+        self.say(f"worker {message['worker']} leaves after {message['age_s']} s, before its lifetime, between two "
+                 "submissions; its job is replaced")
+
     @property
     def retries(self) -> int:
         """How many times a submission was started again after its worker died."""
         return sum(count - 1 for count in self.attempts.values())
 
-    def usable_workers(self, timeout_s: float = 120) -> int:
-        """Wait for a worker to be ready; the number of workers that did not refuse (NoUsableWorkers if none)."""
+    def usable_workers(self, timeout_s: float = 120, watch: Any = None, jobs: int = 0) -> int:
+        """Wait for a worker to be ready; the number of workers that did not refuse (NoUsableWorkers if none).
+        ``watch`` (a :class:`~labkit.instructor.jobqueue.JobWatch`) says why a batch job's worker never joined, as
+        soon as its job's log shows it; once ``jobs`` jobs ended so, the wait ends."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if watch is not None:
+                joined = {info.get("name") for info in self.client.scheduler_info()["workers"].values()}
+                for line in watch.new_reasons({str(name) for name in joined}):
+                    self.say(line)
+                if jobs and len(watch.explained) >= jobs:
+                    reasons = "; ".join(f"job {job}: {reason}" for job, reason in watch.explained.items())
+                    raise NoUsableWorkers(f"no worker of the cluster can grade: {len(watch.explained)} jobs ended "
+                                          f"before their workers joined: {reasons} (their logs: "
+                                          f"{watch.cluster._dummy_job.log_directory})")
             states = self.client.run(_plugin_problem, on_error="return")
             problems = {worker: state for worker, state in states.items()
                         if isinstance(state, str) and state != PENDING}
