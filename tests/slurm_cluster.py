@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -48,14 +49,14 @@ def _memory_mb() -> int:
     return total_kb // 1024 * 3 // 4  # declared below what the machine has: slurmd drains a node that has less
 
 
-def slurm_conf(folder: Path, node: str, cpus: int) -> str:
+def slurm_conf(folder: Path, node: str, cpus: int, munge_socket: Path) -> str:
     """A single-node slurm.conf: this machine as node ``node`` on loopback, root's daemons, everything in folder."""
     return "\n".join([
         "ClusterName=labkit-test",
         f"SlurmctldHost={node}(127.0.0.1)",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
         "SlurmUser=root", "SlurmdUser=root",
-        "AuthType=auth/munge", f"AuthInfo=socket={folder / 'munge.socket'}",
+        "AuthType=auth/munge", f"AuthInfo=socket={munge_socket}",
         "CredType=cred/munge",
         f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
@@ -88,10 +89,10 @@ def _stop(process: subprocess.Popen) -> None:
             continue
 
 
-def _wait_for(check, what: str, logs: list[Path], timeout_s: float = 60) -> None:
+def _wait_for(check, what: str, logs: list[Path], processes: list[subprocess.Popen], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or any(process.poll() is not None for process in processes):
             tails = "\n".join(f"--- {log}\n{log.read_text(errors='replace')[-1500:]}" for log in logs if log.exists())
             raise RuntimeError(f"the test's SLURM did not come up: {what}\n{tails}")
         time.sleep(0.3)
@@ -105,23 +106,27 @@ def single_node_slurm(folder: Path) -> Iterator[dict]:
     folder = Path(folder)
     for sub in ("state", "spool", "munge"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o755)  # munged refuses a key or socket in a folder others may write to
+    # munged wants every folder above its socket searchable by all (pytest's temporary folders are not): the
+    # socket goes in a folder of its own under /tmp, removed at the end.
+    socket_folder = Path(tempfile.mkdtemp(prefix="labkit-munge-"))
+    socket_folder.chmod(0o755)
+    munge_socket = socket_folder / "munge.socket"
     key = folder / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     node = socket.gethostname().split(".")[0]
     conf = folder / "slurm.conf"
-    conf.write_text(slurm_conf(folder, node, os.cpu_count() or 1))
+    conf.write_text(slurm_conf(folder, node, os.cpu_count() or 1, munge_socket))
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     processes: list[subprocess.Popen] = []
     logs = [folder / "munged.log", folder / "slurmctld.log", folder / "slurmd.log", folder / "daemons.log"]
     try:
-        processes.append(_start(["munged", "--foreground", f"--socket={folder / 'munge.socket'}",
+        processes.append(_start(["munged", "--foreground", f"--socket={munge_socket}",
                                  f"--key-file={key}", f"--pid-file={folder / 'munge' / 'munged.pid'}",
                                  f"--log-file={folder / 'munged.log'}", f"--seed-file={folder / 'munge' / 'seed'}"],
                                 folder / "daemons.log"))
-        _wait_for(lambda: (folder / "munge.socket").exists(), "munged made no socket", logs)
+        _wait_for(lambda: munge_socket.exists(), "munged made no socket", logs, processes)
         processes.append(_start(["slurmctld", "-D", "-i", "-f", str(conf)], folder / "daemons.log"))
         processes.append(_start(["slurmd", "-D", "-f", str(conf), "-N", node], folder / "daemons.log"))
 
@@ -130,13 +135,14 @@ def single_node_slurm(folder: Path) -> Iterator[dict]:
                                    capture_output=True, text=True)
             return state.returncode == 0 and state.stdout.strip().rstrip("*") == "idle"
 
-        _wait_for(node_idle, f"node {node} never became idle (sinfo)", logs)
+        _wait_for(node_idle, f"node {node} never became idle (sinfo)", logs, processes)
         yield {"node": node, "partition": "grading", "folder": folder, "conf": conf}
     finally:
         with contextlib.suppress(Exception):
             subprocess.run(["scancel", "--full", "--partition", "grading"], timeout=30, capture_output=True)
         for process in reversed(processes):
             _stop(process)
+        shutil.rmtree(socket_folder, ignore_errors=True)
         if previous is None:
             os.environ.pop("SLURM_CONF", None)
         else:

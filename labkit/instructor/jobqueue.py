@@ -113,8 +113,7 @@ def plan_jobs(kind: str, jobs: int, out: Path, deadline_s: float, memory_bytes: 
     import dask
     from dask.utils import format_bytes, parse_bytes
 
-    if kind not in CLUSTERS:
-        raise ValueError(f"--cluster must be local or one of {', '.join(CLUSTERS)}, got {kind!r}")
+    import_cluster_class(kind)  # its defaults (jobqueue.yaml in the package) under the user's file
     config = dask.config.get(f"jobqueue.{kind}", default={}) or {}
     source = f"jobqueue.{kind}"
     walltime = config.get("walltime")
@@ -216,24 +215,30 @@ def _last_error(log: Path) -> str | None:
     return found[-1][:400] if found else None
 
 
-@contextlib.contextmanager
-def open_jobqueue_cluster(plan: JobPlan, say: Callable[[str], None], scheduler_config: dict[str, Any]) -> Iterator[Any]:
-    """dask-jobqueue's cluster of ``plan``, its scheduler in this process, kept at ``plan.jobs`` jobs; every job
-    cancelled when the block ends."""
+def make_cluster(plan: JobPlan, scheduler_config: dict[str, Any]) -> Any:
+    """dask-jobqueue's cluster of ``plan`` (no job submitted yet), its scheduler in this process with
+    ``scheduler_config`` in force when it starts."""
     import dask
     from distributed import Security
 
     cluster_class = import_cluster_class(plan.kind)
     plan.log_directory.mkdir(parents=True, exist_ok=True)
     Path(plan.options["shared_temp_directory"]).mkdir(parents=True, exist_ok=True)
-    for line in plan.choices:
-        say(line)
     prologue = [*(dask.config.get(f"jobqueue.{plan.kind}.job-script-prologue", default=[]) or []),
                 # not daemonic, as the local cluster's workers: a grader may start processes of its own
                 "export DASK_DISTRIBUTED__WORKER__DAEMON=False"]
     with dask.config.set(scheduler_config):  # read when the scheduler starts, here
-        cluster = cluster_class(security=Security.temporary(), protocol="tls://", job_script_prologue=prologue,
-                                **plan.options)
+        return cluster_class(security=Security.temporary(), protocol="tls://", job_script_prologue=prologue,
+                             **plan.options)
+
+
+@contextlib.contextmanager
+def open_jobqueue_cluster(plan: JobPlan, say: Callable[[str], None], scheduler_config: dict[str, Any]) -> Iterator[Any]:
+    """The cluster of ``plan``, kept at ``plan.jobs`` jobs (its choices said first); every job cancelled when the
+    block ends."""
+    for line in plan.choices:
+        say(line)
+    cluster = make_cluster(plan, scheduler_config)
     try:
         say(f"{plan.kind}: scheduler at {cluster.scheduler_address}")
         cluster.adapt(minimum_jobs=plan.jobs, maximum_jobs=plan.jobs)
