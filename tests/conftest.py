@@ -114,6 +114,7 @@ EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "
 SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading_course.py",
         "tests/test_instructor_grading.py", "tests/test_reveals.py",
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
+        "tests/test_instructor_slurm.py",
         "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
         "tests/test_packaging.py::test_lab_command_serves_the_notebooks_on_localhost", "tests/test_browser.py",
         "tests/test_runtime_quantize_perplexity.py", "tests/test_cpu_profiles.py")
@@ -125,8 +126,8 @@ FIRST = ("tests/test_instructor_grading_course.py", "tests/test_instructor_gradi
          "tests/test_instructor_grading.py", "tests/test_reveals.py", "notebooks/solutions/04_", "notebooks/04_",
          "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",
          "notebooks/solutions/05_", "notebooks/05_", "notebooks/solutions/07_", "notebooks/07_",
-         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
-         "notebooks/solutions/", "notebooks/", "tests/test_packaging.py")
+         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_slurm.py",
+         "tests/test_instructor_sandbox.py", "notebooks/solutions/", "notebooks/", "tests/test_packaging.py")
 
 
 def lab_of(nodeid: str) -> str | None:

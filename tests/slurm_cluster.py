@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "docs" / "slurm" / "jobqueue.yaml"  # the README's configuration file
+JOB_NAME = "labkit-grade"  # its jobs' name
 DAEMONS = ("munged", "slurmctld", "slurmd")
 SLURM_PROGRAMS = (*DAEMONS, "sbatch", "squeue", "scancel", "sinfo")
 
@@ -35,6 +38,40 @@ def why_not_here() -> str | None:
     if missing:
         return (f"{', '.join(missing)} not installed: apt-get install slurm-wlm munge (make setup does, as root)")
     return None
+
+
+def _why_no_jobqueue() -> str | None:
+    try:
+        import dask_jobqueue  # noqa: F401 - only whether it is there
+    except ImportError:
+        return "dask-jobqueue is not installed: pip install \"labkit[slurm]\" (make setup does)"
+    return None
+
+
+NO_JOBQUEUE = _why_no_jobqueue()
+NO_SLURM = NO_JOBQUEUE or why_not_here()
+
+
+def site_config(folder: Path, partition: str, **extra) -> Path:
+    """The README's jobqueue.yaml with its "your site" lines set for the test's SLURM (the partition; loopback for
+    the network) and ``extra`` on top, in ``folder``: the folder to name in DASK_CONFIG."""
+    import yaml
+
+    text = RECIPE.read_text()
+    marked = [line.split(":")[0].strip() for line in text.splitlines() if "# your site" in line]
+    assert marked == ["queue", "interface"], marked  # the README tells the reader to change these two, no other
+    config = yaml.safe_load(text)
+    config["jobqueue"]["slurm"].update({"queue": partition, "interface": "lo", **extra})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "jobqueue.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def our_jobs(states: str = "PENDING,RUNNING,CONFIGURING,COMPLETING") -> list[str]:
+    """The ids of labkit's jobs in those states, oldest first."""
+    listed = subprocess.run(["squeue", "--noheader", f"--name={JOB_NAME}", f"--states={states}", "--format=%i"],
+                            capture_output=True, text=True, check=True)
+    return sorted(listed.stdout.split(), key=int)
 
 
 def _free_port() -> int:

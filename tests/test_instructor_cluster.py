@@ -1,9 +1,10 @@
-"""labkit.instructor.cluster: a class graded through a real Dask scheduler and worker processes on loopback (#34).
+"""labkit.instructor.cluster: a class graded through a real Dask scheduler and worker processes on loopback (#34),
+and through a real single-node SLURM as the README says (#43; its mechanics in tests/test_instructor_slurm.py).
 
 The test starts ``dask scheduler`` and two ``dask worker`` processes (each with its nanny) and stops them by their
 process ids. The mechanics (a worker killed mid-run, a client killed mid-run, refusals) use the stand-in grader of
 tests/grading_standins.py; one small class of real notebooks goes through the walled grader, on the cluster and on
-a local cluster, and must give the same gradebook byte for byte.
+a local cluster, and through the README's SLURM command, and must give the same gradebook byte for byte.
 """
 
 import contextlib
@@ -26,6 +27,7 @@ from labkit.instructor import classroom, cluster
 from labkit.instructor.kernel_limits import Limits
 from labkit.instructor.results import ResultStore, content_hash, grading_context, result_key
 from labkit.instructor.sandbox import isolation_problem
+from slurm_cluster import NO_SLURM, our_jobs, single_node_slurm, site_config
 
 HERE = Path(__file__).resolve().parent
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -231,9 +233,14 @@ SAMPLE = ("def sample_token(probs, uniform):\n    cumulative = probs.double().cu
           "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
 
 
-@pytest.mark.skipif(isolation_problem() is not None, reason="the walled grader needs bubblewrap")
-def test_a_real_class_through_the_cluster_gets_the_local_runs_gradebook(scheduler, tmp_path, embedded):
-    folder = tmp_path / "class"
+@pytest.fixture(scope="module")
+def real_class(tmp_path_factory, embedded):
+    """A small class of real lab 00 notebooks, and its gradebook graded on a local cluster (once for the module:
+    every other way of grading it must write the same bytes)."""
+    if isolation_problem() is not None:
+        pytest.skip("the walled grader needs bubblewrap")
+    tmp = tmp_path_factory.mktemp("real-class")
+    folder = tmp / "submissions"
     (folder / "cy").mkdir(parents=True)
     honest = standin_notebook(SOFTMAX)
     honest.cells.append(nbformat.v4.new_code_cell(SAMPLE))
@@ -245,13 +252,47 @@ def test_a_real_class_through_the_cluster_gets_the_local_runs_gradebook(schedule
     nbformat.write(honest, folder / "cy" / "00_start_here.ipynb")  # the same bytes: graded once, both rows noted
     nbformat.write(broken, folder / "bo.ipynb")
     (folder / "dee.ipynb").write_text("{ not a notebook")
+    (tmp / "secret").write_bytes(SECRET)
     options = {"cell_timeout_s": 30, "limits": Limits(wall_seconds=240), "secret": SECRET, "progress": None}
-    classroom.grade_class(folder, tmp_path / "on-cluster", scheduler=scheduler["address"],
-                          worker_secret_file=scheduler["secret_file"], **options)
-    classroom.grade_class(folder, tmp_path / "local", jobs=2, **options)
-    gradebook = (tmp_path / "on-cluster" / "gradebook.csv").read_bytes()
-    assert gradebook == (tmp_path / "local" / "gradebook.csv").read_bytes()
-    rows = _rows(tmp_path / "local")
+    classroom.grade_class(folder, tmp / "local", jobs=2, **options)
+    rows = _rows(tmp / "local")
     assert (rows["ana"]["00.softmax_temperature"], rows["ana"]["00.sample_token"]) == ("2", "2")
     assert (rows["bo"]["00.softmax_temperature"], rows["bo"]["00.sample_token"]) == ("0", "2")
     assert rows["ana"]["notes"] == "lab 00: the same code as cy" and "NotJSONError" in rows["dee"]["notes"]
+    return {"tmp": tmp, "folder": folder, "options": options, "gradebook": (tmp / "local" / "gradebook.csv"),
+            "secret_file": tmp / "secret"}
+
+
+def test_a_real_class_through_the_cluster_gets_the_local_runs_gradebook(scheduler, real_class, tmp_path):
+    classroom.grade_class(real_class["folder"], tmp_path / "on-cluster", scheduler=scheduler["address"],
+                          worker_secret_file=scheduler["secret_file"], **real_class["options"])
+    assert (tmp_path / "on-cluster" / "gradebook.csv").read_bytes() == real_class["gradebook"].read_bytes()
+
+
+@pytest.mark.skipif(NO_SLURM is not None, reason=NO_SLURM or "")
+def test_the_readmes_slurm_command_gets_the_local_runs_gradebook(real_class, tmp_path):
+    """`labkit grade submissions/ --cluster slurm --jobs 2` as the README gives it, with its docs/slurm/jobqueue.yaml
+    (the two "your site" lines set), on a real single-node SLURM (tests/slurm_cluster.py; #43)."""
+    with single_node_slurm(tmp_path / "slurm") as slurm:
+        config = site_config(tmp_path / "dask", slurm["partition"])
+        # The README's command as an instructor types it, in the folder above the class.
+        command = subprocess.run([str(Path(sys.executable).with_name("labkit")), "grade", "submissions/",
+                                  "--out", str(tmp_path / "out"), "--cluster", "slurm", "--jobs", "2",
+                                  "--cell-timeout", "30", "--wall-seconds", "240",
+                                  "--secret-file", str(real_class["secret_file"])],
+                                 cwd=real_class["tmp"], capture_output=True, text=True, timeout=900,
+                                 env={**os.environ, "DASK_CONFIG": str(config)})
+        assert command.returncode == 0, command.stdout[-3000:] + command.stderr[-3000:]
+        assert our_jobs() == []  # the cluster cancelled its jobs when it closed
+    said = command.stdout
+    for choice in ("slurm: 2 jobs of one single-threaded worker each", "slurm: memory 8GiB per job",
+                   "slurm: walltime 08:00:00 (from jobqueue.slurm.walltime); workers live 28224 s",
+                   "slurm: nanny memory limit off (--memory-limit 0)", "slurm: TLS with certificates made for this run",
+                   f"slurm: each job's output and errors in {tmp_path / 'out-jobs'}"):
+        assert said.count(choice) == 1, (choice, said[-3000:])  # each choice said once
+    assert "graded 2 of 2 submissions sent" in said and "on 2 workers" in said
+    logs = sorted((tmp_path / "out-jobs").glob("labkit-grade-*.err"))
+    assert len(logs) == 2 and all("Registered to:" in log.read_text() for log in logs)
+    assert (tmp_path / "out" / "gradebook.csv").read_bytes() == real_class["gradebook"].read_bytes()
+    local_keys = ResultStore(real_class["tmp"] / "local" / "results").keys()
+    assert ResultStore(tmp_path / "out" / "results").keys() == local_keys

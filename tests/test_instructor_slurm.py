@@ -2,11 +2,11 @@
 
 The module's fixture brings up munged, slurmctld and slurmd in a temporary folder (tests/slurm_cluster.py) and
 reads the README's configuration file, docs/slurm/jobqueue.yaml, changing only its two lines marked "your site"
-(the partition, and loopback for the network). The command the README gives, ``labkit grade submissions/ --cluster
-slurm --jobs 2``, grades a small class of real notebooks through it and must write the local run's gradebook byte
-for byte; the mechanics (a job cancelled mid-submission, a client killed mid-run, a job whose worker cannot start)
-use the stand-in grader of tests/grading_standins.py. Where the machine cannot run SLURM (not root, no packages)
-those tests skip with the reason; the checks of what labkit asks of dask-jobqueue run everywhere.
+(the partition, and loopback for the network). The mechanics (a job cancelled mid-submission, a client killed
+mid-run, a job whose worker cannot start) use the stand-in grader of tests/grading_standins.py; the README's command
+on a class of real notebooks, compared byte for byte with the local run's gradebook, is in
+tests/test_instructor_cluster.py (it shares that file's local run). Where the machine cannot run SLURM (not root,
+no packages) those tests skip with the reason; the checks of what labkit asks of dask-jobqueue run everywhere.
 """
 
 import contextlib
@@ -24,36 +24,13 @@ import yaml
 
 from grading_standins import standin_grader, standin_notebook
 from labkit.instructor import classroom, cluster, jobqueue
-from labkit.instructor.kernel_limits import Limits
 from labkit.instructor.results import ResultStore
-from labkit.instructor.sandbox import isolation_problem
-from slurm_cluster import single_node_slurm, why_not_here
+from slurm_cluster import NO_JOBQUEUE, NO_SLURM, our_jobs, single_node_slurm, site_config
 
-ROOT = Path(__file__).resolve().parents[1]
-HERE = ROOT / "tests"
-RECIPE = ROOT / "docs" / "slurm" / "jobqueue.yaml"
-LABKIT = str(Path(sys.executable).with_name("labkit"))
+HERE = Path(__file__).resolve().parent
 SECRET = b"slurm secret"
-try:
-    import dask_jobqueue  # noqa: F401 - only whether it is there
-    NO_JOBQUEUE = None
-except ImportError:
-    NO_JOBQUEUE = "dask-jobqueue is not installed: pip install \"labkit[slurm]\" (make setup does)"
-NO_SLURM = NO_JOBQUEUE or why_not_here()
 needs_slurm = pytest.mark.skipif(NO_SLURM is not None, reason=NO_SLURM or "")
 needs_jobqueue = pytest.mark.skipif(NO_JOBQUEUE is not None, reason=NO_JOBQUEUE or "")
-
-
-def _site_config(folder: Path, partition: str, **extra) -> Path:
-    """The README's jobqueue.yaml with its "your site" lines set for the test's SLURM (and ``extra`` on top):
-    the folder DASK_CONFIG names."""
-    config = yaml.safe_load(RECIPE.read_text())
-    marked = [line.split(":")[0].strip() for line in RECIPE.read_text().splitlines() if "# your site" in line]
-    assert marked == ["queue", "interface"]  # the README tells the reader to change these two and no other
-    config["jobqueue"]["slurm"].update({"queue": partition, "interface": "lo", **extra})
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "jobqueue.yaml").write_text(yaml.safe_dump(config))
-    return folder
 
 
 @contextlib.contextmanager
@@ -70,14 +47,8 @@ def _dask_config(folder: Path):
 def slurm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slurm")
     with single_node_slurm(tmp / "slurm") as running:
-        running["config"] = _site_config(tmp / "dask", running["partition"])
+        running["config"] = site_config(tmp / "dask", running["partition"])
         yield running
-
-
-def _our_jobs(states: str = "PENDING,RUNNING,CONFIGURING,COMPLETING") -> list[str]:
-    listed = subprocess.run(["squeue", "--noheader", "--name=labkit-grade", f"--states={states}", "--format=%i"],
-                            capture_output=True, text=True, check=True)
-    return sorted(listed.stdout.split(), key=int)
 
 
 def _rows(out: Path) -> dict[str, dict[str, str]]:
@@ -90,50 +61,6 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 # --- on the real SLURM -------------------------------------------------------------------------------------------
-
-@needs_slurm
-@pytest.mark.skipif(isolation_problem() is not None, reason="the walled grader needs bubblewrap")
-def test_the_readmes_command_grades_a_class_on_slurm_as_the_local_run_does(slurm, tmp_path, embedded):
-    from test_instructor_cluster import SAMPLE, SOFTMAX
-
-    folder = tmp_path / "submissions"
-    (folder / "cy").mkdir(parents=True)
-    honest = standin_notebook(SOFTMAX)
-    honest.cells.append(nbformat.v4.new_code_cell(SAMPLE))
-    broken = standin_notebook(SOFTMAX.replace("logits / temperature", "logits"))
-    broken.cells += [nbformat.v4.new_code_cell("1 / 0"), nbformat.v4.new_code_cell(SAMPLE)]
-    for notebook in (honest, broken):
-        del notebook.metadata["standin"]
-    nbformat.write(honest, folder / "ana.ipynb")
-    nbformat.write(honest, folder / "cy" / "00_start_here.ipynb")
-    nbformat.write(broken, folder / "bo.ipynb")
-    (folder / "dee.ipynb").write_text("{ not a notebook")
-    (tmp_path / "secret").write_bytes(SECRET)
-    limits = ["--cell-timeout", "30", "--wall-seconds", "240", "--secret-file", str(tmp_path / "secret")]
-    # The README's command as an instructor types it, in the folder above the class.
-    command = subprocess.run([LABKIT, "grade", "submissions/", "--cluster", "slurm", "--jobs", "2", *limits],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                             env=_env(DASK_CONFIG=str(slurm["config"])))
-    assert command.returncode == 0, command.stdout[-3000:] + command.stderr[-3000:]
-    said = command.stdout
-    for choice in ("slurm: 2 jobs of one single-threaded worker each", "slurm: memory 8GiB per job",
-                   "slurm: walltime 08:00:00 (from jobqueue.slurm.walltime); workers live 28224 s",
-                   "slurm: nanny memory limit off (--memory-limit 0)", "slurm: TLS with certificates made for this run",
-                   f"slurm: each job's output and errors in {tmp_path / 'submissions-grades-jobs'}"):
-        assert said.count(choice) == 1, (choice, said[-3000:])
-    assert "graded 2 of 2 submissions sent" in said and "on 2 workers" in said
-    assert _our_jobs() == []  # the cluster cancelled its jobs when it closed
-    logs = sorted((tmp_path / "submissions-grades-jobs").glob("labkit-grade-*.err"))
-    assert len(logs) == 2 and all("Registered to:" in log.read_text() for log in logs)
-    local = tmp_path / "local"
-    classroom.grade_class(folder, local, jobs=2, cell_timeout_s=30, limits=Limits(wall_seconds=240),
-                          secret=SECRET, progress=None)
-    on_slurm = tmp_path / "submissions-grades"
-    assert (on_slurm / "gradebook.csv").read_bytes() == (local / "gradebook.csv").read_bytes()
-    assert ResultStore(on_slurm / "results").keys() == ResultStore(local / "results").keys()
-    rows = _rows(local)
-    assert (rows["ana"]["00.softmax_temperature"], rows["bo"]["00.softmax_temperature"]) == ("2", "0")
-
 
 RUN = """
 import sys
@@ -174,11 +101,11 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
                                   stderr=subprocess.STDOUT, env=_env(DASK_CONFIG=str(slurm["config"])),
                                   start_new_session=True)
     try:
-        _wait(lambda: _stored(out) >= 1 and len(_our_jobs("RUNNING")) == 2, "a first submission graded", client,
+        _wait(lambda: _stored(out) >= 1 and len(our_jobs("RUNNING")) == 2, "a first submission graded", client,
               client_log)
         started = log.read_text().splitlines()
         # Both workers are mid-submission (3 s each, more queued than workers): one job cancelled, by its id.
-        subprocess.run(["scancel", _our_jobs("RUNNING")[0]], check=True)
+        subprocess.run(["scancel", our_jobs("RUNNING")[0]], check=True)
 
         def cut_one_retried() -> bool:
             lines = log.read_text().splitlines()
@@ -194,7 +121,7 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
     # are wanted now, so their jobs are cancelled as an instructor would.
     subprocess.run(["scancel", "--name=labkit-grade"], check=True)
     deadline = time.monotonic() + 60
-    while _our_jobs() and time.monotonic() < deadline:
+    while our_jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
     stored = ResultStore(out / "results").keys()
     assert 5 <= len(stored) < 8
@@ -218,7 +145,7 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
 @needs_slurm
 def test_a_job_whose_worker_cannot_start_says_why_within_the_wait(slurm, tmp_path):
     nbformat.write(standin_notebook("right"), tmp_path / "ana.ipynb")
-    config = _site_config(tmp_path / "dask", slurm["partition"], **{"worker-extra-args": ["--no-such-option"]})
+    config = site_config(tmp_path / "dask", slurm["partition"], **{"worker-extra-args": ["--no-such-option"]})
     lines = []
     with _dask_config(config), pytest.raises(cluster.NoUsableWorkers) as refused:
         classroom.grade_class(tmp_path, tmp_path / "out", jobs=2, cluster="slurm", secret=SECRET,
@@ -229,7 +156,7 @@ def test_a_job_whose_worker_cannot_start_says_why_within_the_wait(slurm, tmp_pat
     assert "2 jobs ended before their workers joined" in str(refused.value) and str(jobs) in str(refused.value)
     note = _rows(tmp_path / "out")["ana"]["notes"]
     assert note.startswith("ana.ipynb not graded: no worker of the cluster can grade") and "No such option" in note
-    assert _our_jobs() == []
+    assert our_jobs() == []
 
 
 # --- what labkit asks of dask-jobqueue (no SLURM needed) ---------------------------------------------------------
@@ -244,7 +171,7 @@ def test_walltimes_read_as_slurm_writes_them_and_bad_ones_are_named():
 
 @needs_jobqueue
 def test_a_walltime_too_short_for_one_submission_is_refused_with_what_would_do(tmp_path):
-    with _dask_config(_site_config(tmp_path / "dask", "grading", walltime="00:30:00")):
+    with _dask_config(site_config(tmp_path / "dask", "grading", walltime="00:30:00")):
         with pytest.raises(ValueError, match=r"jobqueue.slurm.walltime '00:30:00' \(1800 s\) is too short: one "
                                              r"submission may hold its worker 2400 s"):
             jobqueue.plan_jobs("slurm", 2, tmp_path / "out", deadline_s=2400, memory_bytes=8 * 2**30)
@@ -254,7 +181,7 @@ def test_a_walltime_too_short_for_one_submission_is_refused_with_what_would_do(t
 
 @needs_jobqueue
 def test_the_job_script_has_one_single_threaded_worker_without_memory_limit_and_labkits_lifetime_last(tmp_path):
-    config = _site_config(tmp_path / "dask", "grading", **{"worker-extra-args": ["--lifetime", "7h50m"]})
+    config = site_config(tmp_path / "dask", "grading", **{"worker-extra-args": ["--lifetime", "7h50m"]})
     with _dask_config(config):
         plan = jobqueue.plan_jobs("slurm", 3, tmp_path / "out", deadline_s=840, memory_bytes=8 * 2**30)
         with jobqueue.make_cluster(plan, {}) as unstarted:  # no job submitted: its script only
