@@ -210,3 +210,31 @@ def test_importing_dask_jobqueue_leaves_ctrl_c_as_it_was():
                            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"],
                           capture_output=True, text=True, timeout=120)
     assert bare.stdout.split() == ["False"], bare.stderr[-2000:]
+
+
+class _Worker:
+    """What GraderPlugin.should_leave uses of a Dask worker: its address, events and event loop."""
+
+    def __init__(self):
+        self.address, self.events, self.callbacks = "tls://10.0.0.7:40123", [], []
+        self.loop = self
+
+    def log_event(self, topic, message):
+        self.events.append((topic, message))
+
+    def add_callback(self, callback, **kwargs):
+        self.callbacks.append((callback, kwargs))
+
+    def close_gracefully(self, **kwargs):
+        pass
+
+
+def test_a_worker_past_its_last_start_leaves_once_between_submissions_and_one_without_lifetime_never():
+    plugin = cluster.GraderPlugin({}, True, "id", secret=b"s", leave_after_s=100.0)
+    worker = _Worker()
+    assert not plugin.should_leave(worker, age_s=100.0)  # exactly at it: one more submission still fits
+    assert plugin.should_leave(worker, age_s=100.5) and plugin.should_leave(worker, age_s=200.0)
+    assert worker.events == [(cluster.LEAVING, {"worker": worker.address, "age_s": 100})]
+    assert worker.callbacks == [(worker.close_gracefully, {"reason": "labkit: leaving before its lifetime"})]
+    forever = cluster.GraderPlugin({}, True, "id", secret=b"s")
+    assert not forever.should_leave(_Worker(), age_s=10**9)

@@ -179,16 +179,16 @@ class GraderPlugin(WorkerPlugin):
             return f"its model cache (hash {cache}) differs from the client's ({self.expected['model cache']})"
         return None
 
-    def should_leave(self) -> bool:
-        """Whether this worker is too old to start another submission (then it leaves, once)."""
+    def should_leave(self, worker: Any, age_s: float | None = None) -> bool:
+        """Whether this worker (``age_s`` old) is too old to start another submission; then it leaves, once."""
         if self.leave_after_s is None:
             return False
-        import psutil
+        if age_s is None:
+            import psutil
 
-        age_s = time.time() - psutil.Process().create_time()  # Dask's --lifetime counts from the process's start
+            age_s = time.time() - psutil.Process().create_time()  # Dask's --lifetime counts from the start
         if age_s > self.leave_after_s and not self.leaving:
             self.leaving = True
-            worker = get_worker()
             worker.log_event(LEAVING, {"worker": worker.address, "age_s": round(age_s)})
             worker.loop.add_callback(worker.close_gracefully, reason="labkit: leaving before its lifetime")
         return self.leaving
@@ -203,7 +203,7 @@ def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate
     """Runs on a worker: one submission (its file name and bytes) graded, walled off. ``{"report": ...}``, or
     ``{"error": ...}`` when the grader itself failed (not stored: the next run tries again)."""
     plugin = _plugin()
-    if plugin is None or plugin.problem or plugin.should_leave():
+    if plugin is None or plugin.problem or plugin.should_leave(get_worker()):
         raise Reschedule()  # a worker that refused, or is too old for one more, takes no submission
     worker = get_worker()
     worker.log_event(STARTED, {"key": worker.get_current_task(), "worker": worker.address})
