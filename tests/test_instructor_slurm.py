@@ -238,3 +238,19 @@ def test_a_worker_past_its_last_start_leaves_once_between_submissions_and_one_wi
     assert worker.callbacks == [(worker.close_gracefully, {"reason": "labkit: leaving before its lifetime"})]
     forever = cluster.GraderPlugin({}, True, "id", secret=b"s")
     assert not forever.should_leave(_Worker(), age_s=10**9)
+
+
+@needs_slurm
+def test_a_worker_that_refuses_says_why_and_where_its_jobs_log_is(slurm, tmp_path):
+    nbformat.write(standin_notebook("right"), tmp_path / "ana.ipynb")
+    venv_only = str(Path(sys.executable).parent)  # no /usr/bin: no bwrap for this job's worker
+    config = site_config(tmp_path / "dask", slurm["partition"], **{"job-script-prologue": [f"export PATH={venv_only}"]})
+    lines = []
+    with _dask_config(config), pytest.raises(cluster.NoUsableWorkers) as refused:
+        classroom.grade_class(tmp_path, tmp_path / "out", jobs=1, cluster="slurm", secret=SECRET,
+                              grader=standin_grader, progress=lines.append)
+    said = [line for line in lines if " refused to grade: it cannot wall off submissions: bubblewrap is not "
+            "installed" in line]
+    assert said and all(f"(its log: {tmp_path / 'out-jobs'}/labkit-grade-" in line for line in said), lines
+    assert "bubblewrap is not installed" in str(refused.value)
+    assert _rows(tmp_path / "out")["ana"]["notes"].startswith("ana.ipynb not graded: no worker of the cluster")

@@ -241,8 +241,9 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
                     from labkit.instructor.jobqueue import JobWatch
 
                     write(f"{plan.kind}: waiting up to {JOB_WAIT_S // 60} minutes for a job's worker to join")
-                    workers = run.usable_workers(JOB_WAIT_S, watch=JobWatch(client.cluster, plan.kind),
-                                                 jobs=plan.jobs)
+                    watch = JobWatch(client.cluster, plan.kind)
+                    run.log_of_worker = watch.log_of_worker
+                    workers = run.usable_workers(JOB_WAIT_S, watch=watch, jobs=plan.jobs)
                 learners = _learners_by_key(entries)
 
                 def done(key: str, outcome: dict[str, Any]) -> None:

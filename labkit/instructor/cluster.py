@@ -293,6 +293,7 @@ class ClassRun:
         self.started: dict[str, tuple[float, str]] = {}  # task key -> (when it last started, on which worker)
         self.attempts: dict[str, int] = {}
         self.refused: dict[str, str] = {}
+        self.log_of_worker: Callable[[str], Any] = lambda address: None  # a batch job's log, where there is one
         client.subscribe_topic(STARTED, self._on_started)
         client.subscribe_topic(REFUSED, self._on_refused)
         client.subscribe_topic(LEAVING, self._on_leaving)
@@ -305,8 +306,9 @@ class ClassRun:
     def _on_refused(self, event: tuple[float, dict[str, Any]]) -> None:
         message = event[1]
         if message["worker"] not in self.refused:
-            self.refused[message["worker"]] = message["problem"]
-            self.say(f"worker {message['worker']} refused to grade: {message['problem']}")
+            log = self.log_of_worker(message["worker"])
+            self.refused[message["worker"]] = message["problem"] + (f" (its log: {log})" if log else "")
+            self.say(f"worker {message['worker']} refused to grade: {self.refused[message['worker']]}")
 
     def _on_leaving(self, event: tuple[float, dict[str, Any]]) -> None:
         message = event[1]
@@ -343,6 +345,8 @@ class ClassRun:
                 return len(ready)
             if time.monotonic() > deadline or (states and len(problems) == len(states)):
                 reasons = "; ".join(f"{w}: {p}" for w, p in self.refused.items()) or "no worker joined"
+                if watch is not None and not self.refused:
+                    reasons += f" (the jobs' logs: {watch.cluster._dummy_job.log_directory})"
                 raise NoUsableWorkers(f"no worker of the cluster can grade: {reasons}")
             time.sleep(1)
 
