@@ -5,6 +5,11 @@
    ``grade_class`` on a local cluster of 1 and of 2 workers. Printed: seconds per submission per worker (median
    and spread of the grader's own timing, and the class's wall time x workers / submissions), the cluster's
    start-up, and Dask's overhead per submission (1-worker wall per submission minus the direct median).
+   Then the same class through ``labkit grade --cluster slurm`` (issue #43) on a real single-node SLURM brought up
+   here (tests/slurm_cluster.py; skipped with the reason where it cannot run: not root, no slurm-wlm): 1 and 2 jobs,
+   submissions per minute per worker beside the local cluster's, SLURM's overhead per submission against the local
+   cluster's, the jobs' start (sbatch to the worker registered, from the jobs' logs), and what that makes for 500
+   learners x 8 labs in an hour.
 2. A simulated class of 2,000 submissions whose grading is stand-in work of scaled-down durations (log-normal,
    median 0.1 s: real submissions take 40-180 s), on a local cluster of 2 workers, one worker process killed when
    a third of the class is done: wall time against the ideal (total work / workers), retries, nothing lost.
@@ -80,6 +85,65 @@ def real_class(n: int = 4) -> None:
         overhead = per_submission[1] - statistics.median(direct)
         print(f"Dask's cost per submission at 1 worker (start-up spread over {n}): {overhead:+.1f} s "
               f"({100 * overhead / statistics.median(direct):+.0f} % of a direct grading)")
+        slurm_class(folder, Path(scratch), n, statistics.median(direct), per_submission, secret)
+
+
+COURSE_SUBMISSIONS = 500 * 8
+COURSE_SECONDS = 30.0  # a course's submission on one worker, on average (README: the labs' notebooks, 7 to 55 s)
+
+
+def slurm_class(folder: Path, scratch: Path, n: int, direct_s: float, local: dict[int, float], secret: bytes) -> None:
+    """The class of :func:`real_class` through ``--cluster slurm`` on a single-node SLURM made here."""
+    import gc
+    import re
+    import sys
+
+    import dask
+    import yaml
+
+    from labkit.instructor import classroom
+
+    sys.path.insert(0, str(ROOT / "tests"))  # the tests' SLURM, brought up the same way
+    from slurm_cluster import NO_SLURM, single_node_slurm, site_config
+
+    if NO_SLURM:
+        print(f"\nSLURM: not run here: {NO_SLURM}")
+        return
+    per_submission, starts = {}, []
+    with single_node_slurm(scratch / "slurm") as slurm:
+        section = yaml.safe_load((site_config(scratch / "dask", slurm["partition"]) / "jobqueue.yaml").read_text())
+        with dask.config.set({f"jobqueue.slurm.{key}": value for key, value in section["jobqueue"]["slurm"].items()}):
+            for jobs in (1, 2):
+                out, lines = scratch / f"slurm{jobs}", []
+                started = time.perf_counter()
+                submitted = time.time()
+                reports = classroom.grade_class(folder, out, jobs=jobs, secret=secret, progress=lines.append,
+                                                cluster="slurm")
+                wall = time.perf_counter() - started
+                gc.collect()  # the closed cluster's TLS files go now, while their folder is still there
+                per_submission[jobs] = wall * jobs / n
+                for log in sorted(scratch.glob(f"slurm{jobs}-jobs/*.err")):
+                    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+) .*Registered to:",
+                                        log.read_text(), re.M)
+                    if stamps:
+                        registered = time.mktime(time.strptime(stamps[0][:19], "%Y-%m-%d %H:%M:%S"))
+                        starts.append(registered + float("0." + stamps[0][20:]) - submitted)
+                graded = [r["seconds"] for r in reports]
+                said = next((line for line in lines if line.startswith("graded ")), "")
+                print(f"{f'SLURM, {jobs} job(s): grader':<40} {_spread(graded)}")
+                print(f"{f'  wall x workers / submissions':<40} {per_submission[jobs]:8.1f}   "
+                      f"(class wall {wall:.0f} s; local cluster {local[jobs]:.1f})")
+                print(f"  {said.split('; ')[0]}")
+    overhead = per_submission[1] - direct_s
+    start_s = statistics.median(starts) if starts else float("nan")
+    print(f"SLURM's cost per submission at 1 job (start-up spread over {n}): {overhead:+.1f} s, the local "
+          f"cluster's {local[1] - direct_s:+.1f} s; a job's worker registered {start_s:.1f} s after the run began "
+          f"(median of {len(starts)}: sbatch, the job's start, the worker's imports)")
+    # Sizing: each job grades one submission at a time; its first start-up is paid once in the hour.
+    per_job_s = COURSE_SECONDS + max(0.0, overhead - (start_s if starts else 0) / n)
+    needed = -(-COURSE_SUBMISSIONS * per_job_s // (3600 - (start_s if starts else 0)))
+    print(f"500 learners x 8 labs ({COURSE_SUBMISSIONS:,} submissions of ~{COURSE_SECONDS:.0f} s) in an hour: "
+          f"{needed:.0f} jobs ({per_job_s:.1f} s a submission with SLURM's overhead, the first start-up paid once)")
 
 
 def _kill_one_worker_when(store: Path, count: int, killed: list[int]) -> None:
