@@ -18,6 +18,7 @@ import pytest
 
 import honest_corpus
 from labkit.instructor import classroom, judging, watch
+from labkit.instructor.authoring import GRADER_SKIPS_TAG
 from labkit.instructor.kernel_limits import Limits
 from test_instructor_grading_attacks import SKIP_REASON, require_sandbox
 
@@ -53,6 +54,11 @@ def test_every_solution_earns_every_point_through_the_wall(course):
         points = {result["id"]: result["points"] for result in report["exercises"]}
         assert points == course["expected"][name], (name, [r for r in report["exercises"] if r["status"] != "passed"])
         assert report["review"] == [], (name, report["review"])
+        # The course's measurements and figures were not run, and the points did not need them.
+        tagged = [index for index, cell in enumerate(honest_corpus.solution(name.split("-")[1]).cells)
+                  if GRADER_SKIPS_TAG in cell.metadata.get("tags", [])]
+        assert report["course_cells_not_run"] == tagged, name
+    assert sum(len(report["course_cells_not_run"]) for report in solutions.values()) >= 20
     assert sum(report["score"] for report in solutions.values()) == 64  # the course's points (README)
 
 
@@ -82,3 +88,44 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
     assert (result["status"], result["points"]) == ("failed", 0), result
     assert not any(word in " ".join(result["details"]) for word in ACCUSATIONS), result["details"]
+
+
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds anywhere, names it reads anywhere): generous on purpose, so a doubt keeps a cell run."""
+    import ast
+
+    from labkit.instructor.review import _python_of
+
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse(_python_of(source))):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return bound, read
+
+
+@pytest.mark.parametrize("lab", ["00", "01", "02", "03", "04", "05", "06", "07"])
+def test_the_cells_the_grader_skips_feed_nothing_that_is_graded(lab):
+    """A course cell tagged for the grader to skip measures or draws for the reader only: no check, prediction or
+    exercise is in it, no later cell the grader runs reads a name it binds, and both copies tag the same cells
+    (the grader matches a submission's cells to the learner copy's by source)."""
+    from labkit.exercises import exercises
+    from labkit.instructor.review import course_cells
+
+    graded_names = {exercise.function for exercise in exercises(lab)}
+    skipped = course_cells(lab, GRADER_SKIPS_TAG)
+    for notebook in (honest_corpus.solution(lab), honest_corpus.learner_copy(lab)):
+        code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+        tagged = [GRADER_SKIPS_TAG in cell.metadata.get("tags", []) for cell in code]
+        assert {cell.source.strip() for cell, tag in zip(code, tagged) if tag} == skipped
+        bound_by_skipped: set[str] = set()
+        for cell, tag in zip(code, tagged):
+            bound, read = _names(cell.source)
+            if tag:
+                assert "check(" not in cell.source and not bound & graded_names, cell.source[:80]
+                bound_by_skipped |= bound
+            else:
+                assert not read & bound_by_skipped, (read & bound_by_skipped, cell.source[:80])

@@ -154,6 +154,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
                 received["result"] = message["result"]
                 return
 
+    shipped, not_run = _without_measurements(notebook, lab)
     scratch = None if isolate else Path(tempfile.mkdtemp(prefix="labkit-grade-"))
     try:
         job = scratch / "job" if scratch else None
@@ -167,7 +168,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
              "--output-bytes", str(limits.output_mb * 2**20), "--budget-seconds", str(limits.budget_seconds),
              *(["--isolated"] if isolate else [])],
             job, limits, isolate=isolate, env=_worker_env(inside), readable=_model_cache(),
-            job_files={"submission.ipynb": original}, exchange=exchange)
+            job_files={"submission.ipynb": shipped or original}, exchange=exchange)
     finally:
         if scratch is not None:
             sandbox.remove_tree(scratch)
@@ -188,6 +189,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "max_score": sum(r["max_points"] for r in results),
         "exercises": results,
         "cell_errors": _cell_errors(status, cell_timeout_s),
+        "course_cells_not_run": not_run,
         "review": review_notebook(notebook, lab) + refusals(notebook, step.get("refused")),
         "isolated": isolate,
         "seed": seed,
@@ -197,6 +199,28 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         "kernel_log": run.log_tail.splitlines()[-KERNEL_LOG_LINES:],  # the end of what the run printed outside cells
         "seconds": round(time.perf_counter() - started, 1),
     })
+
+
+def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[int]]:
+    """The notebook to run, without the course's cells that only measure or draw for the reader (tagged
+    :data:`~labkit.instructor.authoring.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
+    source: an edited cell is the learner's and runs), and those cells' indices; None when there are none."""
+    import copy
+
+    import nbformat
+
+    from labkit.instructor.authoring import GRADER_SKIPS_TAG
+    from labkit.instructor.review import course_cells
+
+    skipped = course_cells(lab, GRADER_SKIPS_TAG)
+    not_run = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code" and
+               isinstance(cell.source, str) and cell.source.strip() in skipped]
+    if not not_run:
+        return None, []
+    shipped = copy.deepcopy(notebook)
+    for index in not_run:
+        shipped.cells[index].source = "# not run by the grader: a course cell that measures or draws for the reader"
+    return nbformat.writes(shipped).encode(), not_run
 
 
 def _warm_model_cache() -> None:
@@ -266,6 +290,9 @@ def format_report(report: dict[str, Any]) -> str:
             lines += [f"    {detail}" for detail in result["details"]]
     for error in report["cell_errors"]:
         lines.append(f"cell {error['cell']}: {error['error']}")
+    if report.get("course_cells_not_run"):
+        lines.append(f"not run (the course's measurements and figures, which no exercise uses): cells "
+                     f"{', '.join(map(str, report['course_cells_not_run']))}")
     lines += [f"review: {summary_text([finding])}" for finding in report.get("review", [])]
     if report.get("stopped"):
         lines.append(f"stopped: {report['stopped']}")

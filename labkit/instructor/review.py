@@ -75,7 +75,7 @@ def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
     :data:`MAX_NOTEBOOK_BYTES` of code in all) is not read, and the finding says so.
     """
     references = _reference_names(lab)
-    course = _course_cells(lab)
+    course = course_cells(lab)
     found: list[dict[str, Any]] = []
     trees: list[tuple[int, Any, bool]] = []
     read = 0
@@ -158,9 +158,10 @@ def _python_of(source: str) -> str:
         return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
-def _course_cells(lab: str) -> set[str]:
-    """The code cells of the course's own learner notebook of ``lab`` (as shipped): not the learner's writing,
-    so not read (its setup cell installs packages, some cells import labkit's answers to show them)."""
+def course_cells(lab: str, tag: str | None = None) -> set[str]:
+    """The code cells of the course's own learner notebook of ``lab`` as shipped (those carrying ``tag``, if
+    given): not the learner's writing, so not read (its setup cell installs packages, some cells import labkit's
+    answers to show them). A submission's cell counts as one only when its source is the same."""
     import labkit
 
     cells: set[str] = set()
@@ -169,8 +170,8 @@ def _course_cells(lab: str) -> set[str]:
             try:
                 cells |= {cell["source"].strip() if isinstance(cell["source"], str) else "".join(cell["source"]).strip()
                           for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]
-                          if cell.get("cell_type") == "code"}
-            except (OSError, ValueError, KeyError, TypeError):
+                          if cell.get("cell_type") == "code" and (tag is None or tag in cell["metadata"].get("tags", []))}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
     return cells
 
