@@ -88,6 +88,9 @@ def import_cluster_class(kind: str) -> Any:
     except ImportError as error:
         raise ValueError(f"--cluster {kind} needs dask-jobqueue: pip install \"labkit[instructor,slurm]\" "
                          f"({error})") from None
+    except ValueError as error:  # its signal.signal() outside the main thread
+        raise ValueError(f"--cluster {kind}: dask-jobqueue sets a signal handler when first imported, which only "
+                         f"the main thread may do; import dask_jobqueue there first ({error})") from None
     finally:
         if in_main_thread and handler is not None:
             signal.signal(signal.SIGINT, handler)
