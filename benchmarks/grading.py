@@ -221,8 +221,7 @@ def corpus_class(labs: list[str] | None = None, workers: int = 2) -> None:
         for submission in submissions:
             nbformat.write(submission.notebook, folder / f"{submission.name}.ipynb")
         reports = {r["learner"]: r for r in classroom.grade_class(
-            folder, out, jobs=workers, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"corpus",
-            progress=lambda line: None)}
+            folder, out, jobs=workers, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"corpus")}
         with open(out / "gradebook.csv", newline="") as file:
             reviewed = {row["learner"]: row["review"] for row in csv.DictReader(file) if row["review"]}
     lost = gained = 0
