@@ -254,3 +254,36 @@ def test_a_worker_that_refuses_says_why_and_where_its_jobs_log_is(slurm, tmp_pat
     assert said and all(f"(its log: {tmp_path / 'out-jobs'}/labkit-grade-" in line for line in said), lines
     assert "bubblewrap is not installed" in str(refused.value)
     assert _rows(tmp_path / "out")["ana"]["notes"].startswith("ana.ipynb not graded: no worker of the cluster")
+
+
+@needs_slurm
+def test_ctrl_c_on_slurm_stops_the_run_and_writes_what_was_finished(slurm, tmp_path):
+    """dask-jobqueue 0.9's import makes SIGINT a silent sys.exit() (rc 0, nothing written): not here."""
+    folder, out, log = tmp_path / "class", tmp_path / "out", tmp_path / "graded.log"
+    folder.mkdir()
+    for i in range(6):
+        nbformat.write(standin_notebook(f"right {i}", log=str(log), sleep=3.0), folder / f"l{i}.ipynb")
+    client_log = tmp_path / "client.log"
+    with open(client_log, "wb") as output:
+        client = subprocess.Popen([sys.executable, "-c", RUN, str(folder), str(out)], stdout=output,
+                                  stderr=subprocess.STDOUT, env=_env(DASK_CONFIG=str(slurm["config"])),
+                                  start_new_session=True)
+    try:
+        _wait(lambda: _stored(out) >= 1, "a first submission graded", client, client_log)
+        os.kill(client.pid, signal.SIGINT)  # Ctrl-C, to the client alone
+        returncode = client.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(client.pid, signal.SIGKILL)
+    said = client_log.read_text()
+    # Python ends on an uncaught KeyboardInterrupt by SIGINT itself (rc -2), after labkit wrote what was finished
+    assert returncode == -signal.SIGINT and "KeyboardInterrupt: interrupted: what was finished is in" in said, \
+        said[-3000:]
+    notes = [row["notes"] for row in _rows(out).values()]
+    graded = _stored(out)
+    assert 1 <= graded < 6 and sum(" not graded yet: the run was interrupted" in note for note in notes) \
+        == 6 - graded
+    deadline = time.monotonic() + 60
+    while our_jobs() and time.monotonic() < deadline:  # its cluster closed: the jobs cancelled
+        time.sleep(0.5)
+    assert our_jobs() == []
