@@ -290,7 +290,7 @@ def test_the_readmes_slurm_command_gets_the_local_runs_gradebook(real_class, tmp
                    "slurm: nanny memory limit off (--memory-limit 0)", "slurm: TLS with certificates made for this run",
                    f"slurm: each job's output and errors in {tmp_path / 'out-jobs'}"):
         assert said.count(choice) == 1, (choice, said[-3000:])  # each choice said once
-    assert "graded 2 of 2 submissions sent" in said and "on 2 workers" in said
+    assert "graded 2 of 2 submissions sent in " in said  # on 1 or 2 workers: the run starts with the first ready
     logs = sorted((tmp_path / "out-jobs").glob("labkit-grade-*.err"))
     assert len(logs) == 2 and all("Registered to:" in log.read_text() for log in logs)
     assert (tmp_path / "out" / "gradebook.csv").read_bytes() == real_class["gradebook"].read_bytes()

@@ -43,6 +43,12 @@ def _dask_config(folder: Path):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _standins_importable(monkeypatch):
+    """Jobs inherit this process's environment (sbatch's default): their workers must import the stand-in grader."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slurm")
