@@ -115,7 +115,8 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> None:
+    """Stop a process we started, by its id (its session: a daemon, or a nanny and its worker)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
@@ -178,7 +179,7 @@ def single_node_slurm(folder: Path) -> Iterator[dict]:
         with contextlib.suppress(Exception):
             subprocess.run(["scancel", "--full", "--partition", "grading"], timeout=30, capture_output=True)
         for process in reversed(processes):
-            _stop(process)
+            stop(process)
         shutil.rmtree(socket_folder, ignore_errors=True)
         if previous is None:
             os.environ.pop("SLURM_CONF", None)

@@ -28,6 +28,7 @@ from labkit.instructor.kernel_limits import Limits
 from labkit.instructor.results import ResultStore, content_hash, grading_context, result_key
 from labkit.instructor.sandbox import isolation_problem
 from slurm_cluster import NO_SLURM, our_jobs, single_node_slurm, site_config
+from slurm_cluster import stop as _stop
 
 HERE = Path(__file__).resolve().parent
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -48,18 +49,6 @@ def _start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
     with open(log, "ab") as output:
         return subprocess.Popen(args, stdout=output, stderr=subprocess.STDOUT, env=environment,
                                 start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """Stop a process we started, by its id (its session: a nanny and its worker)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _scheduler(tmp: Path, name: str) -> tuple[str, list[subprocess.Popen]]:

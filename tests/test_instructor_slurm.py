@@ -66,6 +66,16 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
 
 
+def _client(tmp_path: Path, folder: Path, out: Path, slurm: dict) -> tuple[subprocess.Popen, Path]:
+    """The instructor's command (:data:`RUN`) on ``folder``, in its own session, printing to client.log."""
+    client_log = tmp_path / "client.log"
+    with open(client_log, "wb") as output:
+        client = subprocess.Popen([sys.executable, "-c", RUN, str(folder), str(out)], stdout=output,
+                                  stderr=subprocess.STDOUT, env=_env(DASK_CONFIG=str(slurm["config"])),
+                                  start_new_session=True)
+    return client, client_log
+
+
 # --- on the real SLURM -------------------------------------------------------------------------------------------
 
 RUN = """
@@ -101,11 +111,7 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
         nbformat.write(standin_notebook(f"{'right' if right else 'wrong'} {i}", log=str(log), sleep=3.0),
                        folder / f"l{i}.ipynb")
         expected[f"l{i}"] = "2" if right else "0"
-    client_log = tmp_path / "client.log"
-    with open(client_log, "wb") as output:
-        client = subprocess.Popen([sys.executable, "-c", RUN, str(folder), str(out)], stdout=output,
-                                  stderr=subprocess.STDOUT, env=_env(DASK_CONFIG=str(slurm["config"])),
-                                  start_new_session=True)
+    client, client_log = _client(tmp_path, folder, out, slurm)
     try:
         _wait(lambda: _stored(out) >= 1 and len(our_jobs("RUNNING")) == 2, "a first submission graded", client,
               client_log)
@@ -269,11 +275,7 @@ def test_ctrl_c_on_slurm_stops_the_run_and_writes_what_was_finished(slurm, tmp_p
     folder.mkdir()
     for i in range(6):
         nbformat.write(standin_notebook(f"right {i}", log=str(log), sleep=3.0), folder / f"l{i}.ipynb")
-    client_log = tmp_path / "client.log"
-    with open(client_log, "wb") as output:
-        client = subprocess.Popen([sys.executable, "-c", RUN, str(folder), str(out)], stdout=output,
-                                  stderr=subprocess.STDOUT, env=_env(DASK_CONFIG=str(slurm["config"])),
-                                  start_new_session=True)
+    client, client_log = _client(tmp_path, folder, out, slurm)
     try:
         _wait(lambda: _stored(out) >= 1, "a first submission graded", client, client_log)
         os.kill(client.pid, signal.SIGINT)  # Ctrl-C, to the client alone
