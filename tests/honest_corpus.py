@@ -70,7 +70,14 @@ def _globals_used(function: types.FunctionType) -> set[str]:
 def mistake_source(exercise, wrong) -> str:
     """``wrong`` (a mistake function of a lab module) as a learner's cell: imports, the module's own helpers it
     uses (their source, pasted), then its source with the ``def`` named ``exercise.function``."""
+    from labkit.exercises import exercises
+
     module = sys.modules[wrong.__module__]
+    # A labkit function named like another exercise's function (lab 01's apply_temperature inside nucleus_probs)
+    # is imported under another name, as the solutions do (`sampling.apply_temperature`): imported as itself, it
+    # would replace the learner's own function of that exercise for the rest of the notebook.
+    others = {e.function for e in exercises(exercise.lab)} - {exercise.function}
+    renamed: dict[str, str] = {}
     imports, helpers, seen, todo = [], [], set(), [wrong]
     while todo:
         function = todo.pop()
@@ -86,9 +93,14 @@ def mistake_source(exercise, wrong) -> str:
                 todo.append(value)
             else:  # a labkit function or a constant of the lab module: imported, as a learner's cell would
                 owner = getattr(value, "__module__", None) if callable(value) else module.__name__
-                imports.append(f"from {owner} import {name}")
+                if name in others:
+                    renamed[name] = f"labkit_{name}"
+                imports.append(f"from {owner} import {name}" + (f" as labkit_{name}" if name in others else ""))
     own = re.sub(r"^def \w+\(", f"def {exercise.function}(", inspect.getsource(wrong), count=1)
-    return "\n".join(sorted(set(imports))) + "\n\n\n" + "\n\n".join([*helpers, own])
+    body = "\n\n".join([*helpers, own])
+    for name, alias in renamed.items():
+        body = re.sub(rf"(?<![\w.]){name}\(", f"{alias}(", body)
+    return "\n".join(sorted(set(imports))) + "\n\n\n" + body
 
 
 def with_function(notebook: nbformat.NotebookNode, function: str, source: str) -> nbformat.NotebookNode:

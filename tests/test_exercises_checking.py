@@ -208,3 +208,25 @@ def test_a_labkit_error_is_saved_as_not_attempted(monkeypatch):
     assert verdict.status == "error"
     saved = progress.load()["zz.broken"]
     assert (saved["status"], saved["attempts"], saved["points"]) == ("not attempted", 0, 0)
+
+
+def test_a_name_that_is_labkits_own_function_says_how_it_got_there():
+    """`from labkit.core.sampling import apply_temperature` in a later cell replaces the learner's function of that
+    name: the check (and the grader, which shares this verdict) says so and how to import instead, not that the
+    learner copied anything."""
+    from labkit.core import sampling
+    from labkit.exercises import get
+
+    exercise = get("01.apply_temperature")
+    verdict = check_function(exercise, sampling.apply_temperature)
+    assert verdict.status == "failed"
+    assert "  problem:  `apply_temperature` is, or calls, labkit's own `labkit.core.sampling.apply_temperature`" in \
+        verdict.lines
+    assert any(line.startswith("  hint:     if a later cell ran `from labkit.core.sampling import apply_temperature`")
+               for line in verdict.lines)
+    # Another exercise's function calling it keeps the plain verdict.
+    from labkit.exercises import lab05
+
+    other = check_function(get("05.largest_batch"), lambda *args, **kwargs: lab05.reference_largest_batch(*args, **kwargs))
+    assert any(line.startswith("  problem:  your function calls labkit's own `labkit.exercises.lab05.reference_largest")
+               for line in other.lines), other.lines
