@@ -160,15 +160,12 @@ def _judge(exercise: Exercise, case: Case, outcome: Outcome,
         if outcome.called_forbidden.startswith("torch."):  # e.g. torch's own loss in a loss exercise
             return (f"your function calls the ready-made `{outcome.called_forbidden}`",
                     "the point is to write it yourself from basic tensor operations", None)
-        if outcome.called_forbidden.rsplit(".", 1)[-1] == exercise.function:  # the name itself may be labkit's
-            module, name = outcome.called_forbidden.rsplit(".", 1)
-            return (f"`{name}` is, or calls, labkit's own `{outcome.called_forbidden}`",
-                    f"if a later cell ran `from {module} import {name}`, it replaced your function: import the module "
-                    f"instead (`import {module} as lib`, then `lib.{name}(...)`) and run your function's cell again",
-                    None)
-        return (f"your function calls labkit's own `{outcome.called_forbidden}`",
-                "the point is to write it yourself; " + exercise.allowed_text[0].lower() + exercise.allowed_text[1:],
-                None)
+        hint = "the point is to write it yourself; " + exercise.allowed_text[0].lower() + exercise.allowed_text[1:]
+        module, _, name = outcome.called_forbidden.rpartition(".")
+        if module and name == exercise.function:  # the learner's name itself may have become labkit's function
+            hint += (f" (if a later cell ran `from {module} import {name}`, that replaced your function: import the "
+                     f"module instead, `import {module} as lib`, then `lib.{name}(...)`, and run your cell again)")
+        return f"your function calls labkit's own `{outcome.called_forbidden}`", hint, None
     if outcome.timed_out:
         return (f"no answer within {exercise.time_limit_s:g} s", "look for a loop that never ends", None)
     if outcome.error is not None:
