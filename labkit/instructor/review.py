@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,8 @@ def _python_of(source: str) -> str:
         return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
-def course_cells(lab: str, tag: str | None = None) -> set[str]:
+@functools.cache  # read once per process: the review and the grader's skip both ask, for every submission
+def course_cells(lab: str, tag: str | None = None) -> frozenset[str]:
     """The code cells of the course's own learner notebook of ``lab`` as shipped (those carrying ``tag``, if
     given): not the learner's writing, so not read (its setup cell installs packages, some cells import labkit's
     answers to show them). A submission's cell counts as one only when its source is the same."""
@@ -173,7 +175,7 @@ def course_cells(lab: str, tag: str | None = None) -> set[str]:
                           if cell.get("cell_type") == "code" and (tag is None or tag in cell["metadata"].get("tags", []))}
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
-    return cells
+    return frozenset(cells)
 
 
 def _reference_names(lab: str) -> set[str]:
@@ -194,6 +196,7 @@ def _reference_names(lab: str) -> set[str]:
     return names - allowed  # a helper another exercise of the lab may call is no one's giveaway
 
 
+@functools.cache  # the references' source is read once per process, not once per submission
 def _reference_shapes(lab: str) -> dict[str, str]:
     """The shape (:func:`_shape`) of each labkit function answering a code exercise of this lab -> its full name.
     Only references: the bug zoo's mistakes are what learners write, and writing one is never a resemblance."""
