@@ -112,8 +112,10 @@ def make_pids_cgroup(max_procs: int) -> Path | None:
 def make_memory_cgroup(memory_mb: int) -> Path | None:
     """A fresh cgroup whose processes together may use ``memory_mb`` of memory (no swap beyond it), or None."""
     limit = str(memory_mb * 2**20)
-    # v1 names, then v2 names; the swap settings are optional (absent where the kernel does not account swap).
-    return (_make_cgroup("memory", [("memory.limit_in_bytes", limit)], [("memory.memsw.limit_in_bytes", limit)])
+    # v1 names, then v2 names; the swap settings are optional (absent where the kernel does not account swap). In
+    # v1 a swappiness of 0 keeps the group's memory out of swap even where swap is not accounted.
+    return (_make_cgroup("memory", [("memory.limit_in_bytes", limit)],
+                         [("memory.memsw.limit_in_bytes", limit), ("memory.swappiness", "0")])
             or _make_cgroup("memory", [("memory.max", limit)], [("memory.swap.max", "0")]))
 
 
