@@ -167,12 +167,20 @@ def test_decoder_refuses_what_it_cannot_run(embedded, tiny):
         llama.decoder(Loaded(torch.nn.Linear(2, 2)), "fp32")
 
 
-def test_the_fp32_decoder_shares_the_loaded_weights(embedded):
+def test_the_fp32_decoder_is_built_once_and_reads_each_weight_once(embedded):
     fp32 = llama.decoder(embedded, "fp32").model
-    assert fp32.head.weight.data_ptr() == embedded.model.model.embed_tokens.weight.data_ptr()
-    assert fp32.layers[0].mlp.down_proj.weight.data_ptr() == embedded.model.model.layers[0].mlp.down_proj.weight.data_ptr()
-    # every matrix and norm once, the tied table once: the model's parameters, to the byte
+    assert fp32 is llama.shared_decoder(embedded.model) is llama.decoder(embedded, "fp32").model
+    # every matrix and norm once, the tied table once (as the head): the model's parameters, to the byte
     assert fp32.weight_bytes == sum(p.numel() * 4 for p in embedded.model.parameters())
+    # a weight of the loaded model moved elsewhere: the decoder is rebuilt from where the weights now are
+    layer = embedded.model.model.layers[0].mlp.down_proj
+    saved = layer.weight
+    try:
+        layer.weight = torch.nn.Parameter(saved.detach().clone(), requires_grad=False)
+        assert llama.shared_decoder(embedded.model) is not fp32
+    finally:
+        layer.weight = saved
+    assert llama.shared_decoder(embedded.model) is not fp32  # rebuilt again: the fingerprint keeps one decoder
 
 
 # ---------------------------------------------------------------------------------------------------------------

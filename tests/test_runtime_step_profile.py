@@ -19,9 +19,25 @@ def test_a_step_splits_into_matmuls_and_the_rest(forward):
         profile = profile_decode(lm, random_token_ids(lm.model, 1, 5), steps=3, threads=1)
     assert profile.matmul_s > 0 and profile.other_s > 0 and 0 < profile.matmul_share < 1
     assert profile.step_s == pytest.approx(profile.matmul_s + profile.other_s)
-    # 2 blocks x 7 projections + the head: at least 15 matmuls, each one operator call or more
-    assert profile.ops_per_step >= 15 and profile.steps == 3 and profile.threads == 1
+    # 2 blocks x 4 products (labkit's stacked QKV and gate/up) or 7 (transformers') + the head, each one operator
+    # call or more
+    assert profile.ops_per_step >= 9 and profile.steps == 3 and profile.threads == 1
     assert "aten::mm" in MATMUL_OPS
+    # the largest operators, largest first, none taking more than the whole step, with calls per step
+    assert len(profile.top) == 8 and all(a.self_s >= b.self_s for a, b in zip(profile.top, profile.top[1:]))
+    assert sum(op.self_s for op in profile.top) <= profile.step_s * (1 + 1e-9)
+    assert all(op.calls > 0 for op in profile.top)
+
+
+def test_the_top_operators_of_an_int8_step_include_its_kernel_called_once_per_product():
+    import torch
+
+    decoder = llama.Llama(tiny_llama(), "int8")
+    profile = profile_decode(Loaded(decoder), random_token_ids(decoder, 1, 5), steps=2, threads=1, top=1000)
+    calls = {op.name: op.calls for op in profile.top}
+    assert calls["aten::_weight_int8pack_mm"] == 2 * 4 + 1  # two blocks of four products, and the head
+    with pytest.raises(ValueError, match="top must be"):
+        profile_decode(Loaded(decoder), torch.tensor([[1, 2]]), top=-1)
 
 
 def test_each_weight_format_runs_its_own_kernel():

@@ -30,14 +30,25 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::_weight_int8pack_mm", "aten::_we
 
 
 @dataclass(frozen=True)
+class OperatorTime:
+    """One operator's share of a decode step: calls per step and self CPU seconds per step (means)."""
+
+    name: str
+    calls: float
+    self_s: float
+
+
+@dataclass(frozen=True)
 class StepProfile:
-    """One decode step's CPU time, split: the weight matmuls and everything else (means over the profiled steps)."""
+    """One decode step's CPU time, split: the weight matmuls and everything else (means over the profiled steps),
+    and the operators that take the most of it (``top``, largest self time first)."""
 
     matmul_s: float
     other_s: float
     ops_per_step: int  # operator calls the profiler saw per step (each costs a dispatch)
     steps: int
     threads: int
+    top: tuple[OperatorTime, ...] = ()
 
     @property
     def step_s(self) -> float:
@@ -48,16 +59,19 @@ class StepProfile:
         return self.matmul_s / self.step_s
 
 
-def profile_decode(lm: Any, token_ids: torch.Tensor, steps: int = 6, *, threads: int | None = None) -> StepProfile:
+def profile_decode(lm: Any, token_ids: torch.Tensor, steps: int = 6, *, threads: int | None = None,
+                   top: int = 8) -> StepProfile:
     """Prefill ``token_ids`` (``[1, prompt_len]``), take two untimed decode steps, then profile ``steps`` more.
 
     Self CPU time is summed per operator: the matmul kernels of :data:`MATMUL_OPS` on one side, every other
     operator on the other (an operator's self time excludes the operators it calls, so nothing counts twice).
+    The ``top`` operators by self time are kept with their calls per step.
     """
     from torch.profiler import ProfilerActivity, profile
 
     validation.tensor("token_ids", token_ids, kind="int", ndim=2, shape="[1, prompt_len]", nonempty=True)
     steps = validation.integer("steps", steps, min=1)
+    top = validation.integer("top", top, min=0)
     with held_threads(threads) as held, torch.inference_mode():
         logits, cache = prefill(lm, token_ids)
         token = logits.argmax(dim=-1, keepdim=True)  # [1, 1]
@@ -72,8 +86,10 @@ def profile_decode(lm: Any, token_ids: torch.Tensor, steps: int = 6, *, threads:
     matmul_us = sum(event.self_cpu_time_total for event in events if event.key in MATMUL_OPS)
     total_us = sum(event.self_cpu_time_total for event in events)
     calls = sum(event.count for event in events)
+    largest = sorted(events, key=lambda event: event.self_cpu_time_total, reverse=True)[:top]
     return StepProfile(matmul_us / steps / 1e6, (total_us - matmul_us) / steps / 1e6, round(calls / steps), steps,
-                       held)
+                       held, tuple(OperatorTime(event.key, event.count / steps, event.self_cpu_time_total / steps / 1e6)
+                                   for event in largest))
 
 
 @contextlib.contextmanager
