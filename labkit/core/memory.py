@@ -6,7 +6,8 @@ report) are defined once, in ``labkit.core.resources``, and re-exported here. Eq
 course's chapter on inference: (8.2) about 12 d^2 parameters per block, (8.3) KV bytes = 2 x B x T x L x H_kv x d_h x b.
 
 Weights and KV cache are exact counts of the stored payload (the tests check them against transformers'
-real tensors). Left out: sliding-window or cross-layer KV sharing, vocabulary padding and the scales of a
+real tensors), sliding-window layers and multi-latent attention included (``ModelSpec.from_config`` reads them
+and refuses what it cannot count). Left out: cross-layer KV sharing, vocabulary padding and the scales of a
 quantized KV cache. The front of a weights file (a safetensors header, Pythia's file rebuilt from its shape) is
 ``labkit.core.weights_file``. One GPU's whole budget (activation and workspace estimates, what fits, the largest batch
 or context) is ``labkit.core.budget``; presets of real models and GPUs ``labkit.core.presets``; paged KV allocation
@@ -239,28 +240,77 @@ def weights_bytes(spec: ModelSpec, fmt: str = "bf16", group_size: int | None = N
     return stored_bytes(weights_count(spec, tp, layout), fmt, group_size, scale_bytes)
 
 
+def kv_values_per_token(spec: ModelSpec, tp: int = 1) -> int:
+    """Values one token adds to one layer's KV cache on one of tp ranks: 2 (K and V) x KV heads x head_dim.
+
+    Multi-latent attention (DeepSeek V2/V3, arXiv:2405.04434 section 2.1) caches instead one latent of
+    kv_lora_rank values and one rotary key of qk_rope_head_dim values, shared by every head; tensor-parallel
+    ranks each hold all of it (vLLM replicates the latent). transformers 5.x caches exactly these two tensors
+    (modeling_deepseek_v3: the latent as the "key", the rotary key as the "value", one head each) and rebuilds
+    the per-head keys and values from them at every step: 576 values per token and layer for DeepSeek-V3, where
+    its 128 heads of 192-wide keys and 128-wide values would take 40,960.
+
+    >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=1)
+    >>> kv_values_per_token(spec), kv_values_per_token(spec, tp=4)
+    (2048, 512)
+    """
+    spec = _spec(spec)
+    if spec.latent_attention:
+        integer("tp", tp, min=1)
+        return spec.kv_lora_rank + spec.qk_rope_head_dim
+    # head_dim and n_kv_heads, never d_model / n_heads: that is the MHA-only shortcut the seeds got wrong.
+    return 2 * kv_heads_per_rank(spec, tp) * spec.head_dim
+
+
 def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str = "bf16", tp: int = 1) -> int:
-    """KV-cache bytes one token adds on one of tp ranks: 2 (K and V) x n_layers x KV heads x head_dim x b.
+    """KV-cache bytes one token adds on one of tp ranks while every layer keeps it: n_layers x
+    :func:`kv_values_per_token` x b (2 x n_layers x KV heads x head_dim x b without multi-latent attention).
+
+    A sliding layer stops keeping tokens past its window: :func:`kv_cache_bytes` counts that.
 
     >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=1)
     >>> kv_bytes_per_token(spec, "fp16")  # 2 * 32 * 8 * 128 * 2 = 128 KiB
     131072
     """
-    spec = _spec(spec)
-    # head_dim and n_kv_heads, never d_model / n_heads: that is the MHA-only shortcut the seeds got wrong.
-    n_values = 2 * spec.n_layers * kv_heads_per_rank(spec, tp) * spec.head_dim
-    return n_values * format_bits(kv_dtype, "kv_dtype") // 8  # n_values is even, so INT4 fills whole bytes
+    n_values = spec.n_layers * kv_values_per_token(spec, tp)
+    return -(-n_values * format_bits(kv_dtype, "kv_dtype") // 8)  # INT4: a last half byte takes a byte
+
+
+def cached_tokens(spec: ModelSpec, seq_len: int) -> tuple[int, int]:
+    """(tokens a full layer holds, tokens a sliding layer holds) after seq_len tokens went through the model.
+
+    A sliding layer attends to its last sliding_window tokens, the new one included, so between steps it keeps
+    sliding_window - 1 of them: transformers' DynamicSlidingWindowLayer (5.x) slices its keys to
+    ``[-sliding_window + 1:]`` after every update (during a pass the whole prompt's keys exist for a moment).
+    A static cache (StaticSlidingWindowLayer) allocates sliding_window slots instead, and a paged engine whole
+    blocks covering the window.
+
+    >>> spec = ModelSpec("toy", n_layers=2, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab=10,
+    ...                  sliding_window=8, n_sliding_layers=1)
+    >>> cached_tokens(spec, 5), cached_tokens(spec, 20)
+    ((5, 5), (20, 7))
+    """
+    spec, seq_len = _spec(spec), integer("seq_len", seq_len, min=0)
+    if spec.sliding_window is None:
+        return seq_len, seq_len
+    return seq_len, min(seq_len, spec.sliding_window - 1)
 
 
 def kv_cache_bytes(spec: ModelSpec, batch_size: int, seq_len: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
-    """KV-cache bytes (eq. 8.3) for batch_size sequences of seq_len cached tokens, on one of tp ranks.
+    """KV-cache bytes (eq. 8.3) for batch_size sequences of seq_len tokens, on one of tp ranks, as held between
+    steps: 2 x B x T x L x H_kv x d_h x b, with T capped at sliding_window - 1 on the n_sliding_layers that slide
+    (:func:`cached_tokens`) and 2 x H_kv x d_h replaced by the latent under multi-latent attention
+    (:func:`kv_values_per_token`).
 
     >>> spec = ModelSpec("8B-like", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, head_dim=128, vocab=1)
     >>> kv_cache_bytes(spec, batch_size=16, seq_len=4096, kv_dtype="fp16") / GIB  # the worked example
     8.0
     """
     batch_size, seq_len = integer("batch_size", batch_size, min=0), integer("seq_len", seq_len, min=0)
-    return batch_size * seq_len * kv_bytes_per_token(spec, kv_dtype, tp)
+    full_tokens, sliding_tokens = cached_tokens(spec, seq_len)
+    layer_tokens = (spec.n_layers - spec.n_sliding_layers) * full_tokens + spec.n_sliding_layers * sliding_tokens
+    n_values = batch_size * layer_tokens * kv_values_per_token(spec, tp)
+    return -(-n_values * format_bits(kv_dtype, "kv_dtype") // 8)
 
 
 @dataclass(frozen=True)

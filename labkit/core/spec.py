@@ -5,6 +5,12 @@ n_kv_heads, head_dim, vocab``. ``head_dim`` is always read or given explicitly, 
 ``d_model // n_heads``: some models (Qwen3, Gemma) break that rule, and a KV-cache estimate built on the assumption
 is wrong for them.
 
+A config is read for what its KV cache holds, too: layers that attend to a sliding window of tokens only
+(Mistral's ``sliding_window`` on every layer; Gemma 2 and 3 alternating sliding and full layers; newer configs
+list ``layer_types``) and multi-latent attention (DeepSeek V2/V3: one compressed latent per token instead of
+per-head keys and values). What the config describes and this reading does not count (layers that are not
+attention, caches shared across layers, an indexer's keys) is refused with the reason, never guessed.
+
 :class:`GPUSpec` stands beside it: a device's memory as the driver reports it (nvidia-smi's total, in bytes), the
 vendor's printed figure beside it, and its peak bandwidth (GB and GiB are defined once, in ``labkit.core.resources``).
 
@@ -40,12 +46,28 @@ class ModelSpec:
     d_ff: int | None = None  # width of the feed-forward hidden layer, when known
     tied_embeddings: bool = False  # input embedding and output head share one matrix
     max_position_embeddings: int | None = None  # the configured context limit in tokens, when known
+    sliding_window: int | None = None  # tokens a sliding layer attends to, its own included (None: none slides)
+    n_sliding_layers: int = 0  # of the n_layers, those that attend to the last sliding_window tokens only
+    kv_lora_rank: int | None = None  # multi-latent attention: width of the key/value latent cached per token
+    qk_rope_head_dim: int | None = None  # multi-latent attention: width of the rotary key cached beside it
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab"):
             integer(field, getattr(self, field), min=1)
-        if self.max_position_embeddings is not None:
-            integer("max_position_embeddings", self.max_position_embeddings, min=1)
+        for field in ("max_position_embeddings", "kv_lora_rank", "qk_rope_head_dim"):
+            if getattr(self, field) is not None:
+                integer(field, getattr(self, field), min=1)
+        integer("n_sliding_layers", self.n_sliding_layers, min=0, max=self.n_layers,
+                note=f"layers of the {self.n_layers}")
+        if (self.sliding_window is None) != (self.n_sliding_layers == 0):
+            raise ValueError(f"sliding_window ({self.sliding_window}) and n_sliding_layers ({self.n_sliding_layers}) "
+                             "must be given together: a window needs layers that slide it, and the reverse")
+        if self.sliding_window is not None:
+            # transformers' DynamicSlidingWindowLayer keeps the last window - 1 tokens; a window of 1 would keep all.
+            integer("sliding_window", self.sliding_window, min=2, note="tokens, the new one included")
+        if (self.kv_lora_rank is None) != (self.qk_rope_head_dim is None):
+            raise ValueError(f"kv_lora_rank ({self.kv_lora_rank}) and qk_rope_head_dim ({self.qk_rope_head_dim}) "
+                             "must be given together: multi-latent attention caches both per token")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}): "
@@ -57,14 +79,31 @@ class ModelSpec:
         """Query heads sharing one key/value head (1 = MHA, n_heads = MQA)."""
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def latent_attention(self) -> bool:
+        """True for multi-latent attention (DeepSeek V2/V3): one latent per token, not per-head keys and values."""
+        return self.kv_lora_rank is not None
+
     @classmethod
     def from_config(cls, config: Any, name: str | None = None, n_params: int | None = None) -> "ModelSpec":
-        """Read a spec from a transformers config (or a plain dict with the same keys).
+        """Read a spec from a transformers config (or a plain dict with the same keys, such as a config.json).
 
-        Handles the field names of Llama/Mistral/Qwen (``num_hidden_layers``...), GPT-NeoX and Falcon.
-        The context limit is ``max_position_embeddings`` (GPT-2's ``n_positions``), None when the config has none.
+        Handles the field names of Llama/Mistral/Qwen (``num_hidden_layers``...), GPT-NeoX and Falcon, a
+        multimodal config's ``text_config``, sliding windows (:func:`sliding_layers`) and multi-latent attention
+        (DeepSeek V2/V3: ``head_dim`` is the query/key head width ``qk_nope_head_dim + qk_rope_head_dim``, and the
+        cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, see
+        ``labkit.core.memory.kv_values_per_token``). The context limit is ``max_position_embeddings`` (GPT-2's
+        ``n_positions``), None when the config has none.
+
+        >>> spec = ModelSpec.from_config({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
+        ...     "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096})
+        >>> spec.head_dim, spec.sliding_window, spec.n_sliding_layers
+        (128, 4096, 32)
         """
         cfg: Mapping[str, Any] = config if isinstance(config, Mapping) else config.to_dict()
+        text = cfg.get("text_config")
+        if isinstance(text, Mapping) and not any(k in cfg for k in ("num_hidden_layers", "n_layer")):
+            cfg = {"_name_or_path": cfg.get("_name_or_path"), **text}  # Gemma 3 and other multimodal configs
 
         def first(*keys: str, default: Any = None) -> Any:
             for key in keys:
@@ -74,8 +113,10 @@ class ModelSpec:
 
         d_model = first("hidden_size", "d_model", "n_embd")
         n_heads = first("num_attention_heads", "n_head", "n_heads")
-        if d_model is None or n_heads is None:
-            raise ValueError(f"config has no hidden size or head count: keys are {sorted(cfg)}")
+        n_layers = first("num_hidden_layers", "n_layer", "n_layers")
+        if d_model is None or n_heads is None or n_layers is None:
+            raise ValueError(f"config has no hidden size, head count or layer count: keys are {sorted(cfg)}")
+        _refuse_uncounted(cfg)
         if cfg.get("model_type") == "falcon" or "multi_query" in cfg:
             # Falcon's own rule (modeling_falcon): the new decoder architecture reads num_kv_heads; the original
             # one (Falcon-7B) has a single KV head when multi_query is set, whatever num_kv_heads says.
@@ -85,19 +126,101 @@ class ModelSpec:
                 n_kv_heads = 1 if cfg.get("multi_query") else n_heads
         else:
             n_kv_heads = first("num_key_value_heads", "num_kv_heads", "n_head_kv", default=n_heads)
+        head_dim = first("head_dim", default=d_model // n_heads)
+        latent: dict[str, Any] = {}
+        if cfg.get("kv_lora_rank") is not None:
+            # DeepSeek's configs (and transformers' DeepseekV3Config) set head_dim to qk_rope_head_dim: not the
+            # width a head attends with. Every query head has its own key, rebuilt from the latent: n_kv_heads
+            # = n_heads in the attention, while the cache holds the latent alone.
+            missing = [key for key in ("qk_rope_head_dim", "qk_nope_head_dim") if cfg.get(key) is None]
+            if missing:
+                raise ValueError(f"config has kv_lora_rank (multi-latent attention) but no {missing}")
+            latent = {"kv_lora_rank": cfg["kv_lora_rank"], "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
+            head_dim, n_kv_heads = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], n_heads
+        sliding_window, n_sliding = sliding_layers(cfg, n_layers)
         return cls(
             name=name or first("_name_or_path", "model_type", default="model"),
-            n_layers=first("num_hidden_layers", "n_layer", "n_layers"),
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
-            head_dim=first("head_dim", default=d_model // n_heads),
+            head_dim=head_dim,
             vocab=first("vocab_size"),
             n_params=n_params,
             d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
+            sliding_window=sliding_window,
+            n_sliding_layers=n_sliding,
+            **latent,
         )
+
+
+# Config keys of layers or caches this reading does not count, and why (each refused rather than guessed).
+_UNCOUNTED = {
+    "layers_block_type": "state-space (Mamba) layers keep a state, not a KV cache",
+    "hybrid_override_pattern": "state-space (Mamba) layers keep a state, not a KV cache",
+    "num_kv_shared_layers": "some layers reuse another layer's KV cache",
+    "kv_sharing_modes": "some layers reuse another layer's KV cache",
+    "index_head_dim": "the sparse-attention indexer caches keys of its own",
+}
+# Window patterns transformers' configs fill in when a config.json gives no layer_types: a layer i slides when
+# (i + 1) % pattern != 0 (Gemma2Config, Gemma3TextConfig's sliding_window_pattern, Cohere2Config, GptOssConfig).
+_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "gpt_oss": 2}
+
+
+def _refuse_uncounted(cfg: Mapping[str, Any]) -> None:
+    for key, why in _UNCOUNTED.items():
+        if cfg.get(key) not in (None, 0, [], ""):
+            raise ValueError(f"config of {cfg.get('model_type', 'this model')!r} has {key}: {why}, which labkit "
+                             "does not count; its KV cache cannot be sized from ModelSpec")
+    if cfg.get("use_bidirectional_attention"):
+        raise ValueError("config has use_bidirectional_attention: an encoder, not a causal LM with a KV cache")
+
+
+def sliding_layers(config: Mapping[str, Any], n_layers: int) -> tuple[int | None, int]:
+    """(sliding_window, how many of the n_layers slide it) from a config dict, as transformers decides it.
+
+    ``layer_types`` when the config lists them ("sliding_attention" / "full_attention"; Llama 4's
+    "chunked_attention" keeps ``attention_chunk_size`` tokens the same way); otherwise the family's rule, as
+    transformers' config classes fill it in: Qwen2/Qwen3 slide only with ``use_sliding_window`` and only from layer
+    ``max_window_layers`` on; Gemma 2, Gemma 3, Cohere 2 and gpt-oss alternate; any other config with a
+    ``sliding_window`` slides it on every layer (Mistral, Phi-3). Any other layer type is refused.
+
+    >>> sliding_layers({"model_type": "gemma2", "sliding_window": 4096}, 42)
+    (4096, 21)
+    >>> sliding_layers({"model_type": "qwen2", "sliding_window": 32768, "use_sliding_window": False}, 28)
+    (None, 0)
+    """
+    window = config.get("sliding_window")
+    if config.get("use_sliding_window") is False:
+        window = None  # Qwen2Config and Qwen3Config drop the window when use_sliding_window is off
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        if window is None:
+            return None, 0
+        model_type = config.get("model_type")
+        if "use_sliding_window" in config:  # Qwen2/Qwen3: the layers from max_window_layers on slide
+            n_sliding = max(n_layers - config.get("max_window_layers", 28), 0)
+        elif model_type in _PATTERNS:
+            pattern = config.get("sliding_window_pattern", _PATTERNS[model_type])
+            n_sliding = sum(1 for i in range(n_layers) if (i + 1) % pattern)
+        else:
+            n_sliding = n_layers
+        return (window, n_sliding) if n_sliding else (None, 0)
+    if len(layer_types) != n_layers:
+        raise ValueError(f"config's layer_types lists {len(layer_types)} layers, num_hidden_layers is {n_layers}")
+    windows = {"sliding_attention": window, "chunked_attention": config.get("attention_chunk_size")}
+    unknown = sorted(set(layer_types) - {"full_attention", *windows})
+    if unknown:
+        raise ValueError(f"config's layer_types has {unknown}: labkit counts the KV cache of full_attention, "
+                         "sliding_attention and chunked_attention layers only (other layers keep other state)")
+    used = {windows[kind] for kind in layer_types if kind in windows}
+    if None in used or len(used) > 1:
+        raise ValueError(f"config's layer_types slide windows {sorted(map(str, used))}: labkit counts one window "
+                         "size, given as sliding_window (or attention_chunk_size)")
+    n_sliding = sum(kind in windows for kind in layer_types)
+    return (used.pop(), n_sliding) if n_sliding else (None, 0)
 
 
 # The attention what-ifs of the memory lab: the model as built, or its KV heads as MHA, GQA or MQA would have them.
@@ -115,6 +238,9 @@ def with_attention(spec: ModelSpec, attention: str) -> ModelSpec:
     """
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION}, got {attention!r}")
+    if spec.latent_attention and attention != "as built":
+        raise ValueError(f"attention what-if {attention!r}: {spec.name} caches one latent per token (multi-latent "
+                         "attention), not key/value heads; only 'as built' applies")
     as_built = 1 < spec.n_kv_heads < spec.n_heads
     if attention == "as built" or (attention == "GQA" and as_built):
         return spec
