@@ -276,9 +276,9 @@ def check_runnable(source: ModelSource, config: dict[str, Any]) -> int:
     free = available_memory_bytes()
     if free is not None and needed > free:
         raise ModelUnavailableError(
-            f"{source.title} needs about {needed / GIB:.1f} GiB for its weights in FP32 (about {n_params / 1e9:.2f}B "
-            f"parameters x 4 bytes, estimated from its config), more than the {free / GIB:.1f} GiB of memory "
-            f"available here: {_smaller(source, free)}")
+            f"{source.title} needs about {_bytes(needed)} for its weights in FP32 ({_count(n_params)} parameters "
+            f"x 4 bytes, {'from its GGUF header' if source.kind == 'gguf-file' else 'estimated from its config'}), "
+            f"more than the {_bytes(free)} of memory available here: {_smaller(source, free)}")
     return needed
 
 
@@ -352,8 +352,22 @@ def available_memory_bytes() -> int | None:
 
 def _smaller(source: ModelSource, free: int) -> str:
     """A smaller model to try: a smaller size of the same family when the name carries a size, and the embedded one."""
-    fits = free / FP32_BYTES / 1e9
+    fits = _count(free // FP32_BYTES)
     size = re.search(r"(?<![\w.])(\d+(?:\.\d+)?)[BbMm](?![\w])", source.title.replace("-", " ").replace("_", " "))
     family = f"a size of {source.title} below {size.group(0)}, " if size else "a smaller model, "
-    return (f"try {family}up to about {fits:.2g}B parameters fit here, or the embedded SmolLM2-135M-Instruct "
+    return (f"try {family}up to about {fits} parameters fit here, or the embedded SmolLM2-135M-Instruct "
             f'(load_model("{EMBEDDED}"))')
+
+
+def _bytes(n_bytes: int) -> str:
+    """``"262.8 GiB"``, or MiB below a tenth of a GiB."""
+    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB / 10 else f"{n_bytes / 2**20:.1f} MiB"
+
+
+def _count(n_params: int) -> str:
+    """``"70.55B"`` (10^9, as model names count), or millions below a billion.
+
+    >>> _count(70_553_706_496), _count(134_515_008)
+    ('70.55B', '134.5M')
+    """
+    return f"{n_params / 1e9:.2f}B" if n_params >= 1e9 else f"{n_params / 1e6:.1f}M"
