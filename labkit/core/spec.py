@@ -93,7 +93,8 @@ class ModelSpec:
         (DeepSeek V2/V3: ``head_dim`` is the query/key head width ``qk_nope_head_dim + qk_rope_head_dim``, and the
         cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, see
         ``labkit.core.memory.kv_values_per_token``). The context limit is ``max_position_embeddings`` (GPT-2's
-        ``n_positions``), None when the config has none.
+        ``n_positions``), None when the config has none. ``n_params`` is counted from the config for a mixture of
+        experts or multi-latent attention (:func:`expert_param_count`), which a dense block layout cannot count.
 
         >>> spec = ModelSpec.from_config({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
         ...     "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096})
@@ -146,7 +147,7 @@ class ModelSpec:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             vocab=first("vocab_size"),
-            n_params=n_params,
+            n_params=n_params if n_params is not None else expert_param_count(cfg),
             d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
@@ -221,6 +222,55 @@ def sliding_layers(config: Mapping[str, Any], n_layers: int) -> tuple[int | None
                          "size, given as sliding_window (or attention_chunk_size)")
     n_sliding = sum(kind in windows for kind in layer_types)
     return (used.pop(), n_sliding) if n_sliding else (None, 0)
+
+
+# Families whose mixture-of-experts or latent-attention weights expert_param_count follows (their modeling files).
+_COUNTED_EXPERTS = ("deepseek_v2", "deepseek_v3", "mixtral", "qwen3_moe")
+
+
+def expert_param_count(config: Mapping[str, Any]) -> int | None:
+    """Parameters transformers builds for a mixture-of-experts or multi-latent-attention config; None for a dense
+    model with standard attention (``labkit.core.memory.param_count`` counts those from a block layout).
+
+    Counted for DeepSeek V2/V3 (latent attention; ``first_k_dense_replace`` dense layers, then routed and shared
+    experts), Mixtral and Qwen3-MoE (every layer's MLP is a router and its experts); RMSNorm everywhere, no biases.
+    Buffers (DeepSeek-V3's router score bias) are not parameters. Any other such config is refused with the reason.
+
+    >>> expert_param_count({"model_type": "mixtral", "hidden_size": 4, "num_attention_heads": 2,
+    ...     "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 10, "intermediate_size": 8,
+    ...     "num_local_experts": 2})  # 2 x 40 embeddings, 4 x 4 x 2 + 4 x 2 x 2 attention, 2 x 96 + 8 MLP, 12 norms
+    340
+    """
+    cfg = config
+    n_experts = next((cfg[key] for key in ("n_routed_experts", "num_local_experts", "num_experts") if cfg.get(key)), 0)
+    latent = cfg.get("kv_lora_rank") is not None
+    if not n_experts and not latent:
+        return None
+    model_type = cfg.get("model_type")
+    if model_type not in _COUNTED_EXPERTS or cfg.get("attention_bias") or cfg.get("moe_layer_freq", 1) != 1 \
+            or cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError(f"config of {model_type!r} has experts or latent attention laid out in a way labkit does not "
+                         f"count; its weights are counted for {list(_COUNTED_EXPERTS)} as transformers builds them")
+    d, n_layers, n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    if latent:
+        qk_head_dim, rank = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg.get("q_lora_rank")
+        query = d * n_heads * qk_head_dim if rank is None else d * rank + rank + rank * n_heads * qk_head_dim
+        attention = (query + d * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) + cfg["kv_lora_rank"]  # + its norm
+                     + cfg["kv_lora_rank"] * n_heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"])
+                     + n_heads * cfg["v_head_dim"] * d)
+    else:
+        head_dim = cfg.get("head_dim") or d // n_heads
+        n_kv_heads = cfg.get("num_key_value_heads") or n_heads
+        attention = 2 * d * n_heads * head_dim + 2 * d * n_kv_heads * head_dim
+        attention += 2 * head_dim if model_type == "qwen3_moe" else 0  # q and k norms
+    expert_width = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+    shared = cfg.get("n_shared_experts") or 0
+    moe_mlp = n_experts * 3 * d * expert_width + n_experts * d + shared * 3 * d * expert_width  # experts, router
+    n_dense = cfg.get("first_k_dense_replace", 0) if n_experts else n_layers
+    dense_mlp = 3 * d * cfg["intermediate_size"]
+    embeddings = cfg["vocab_size"] * d * (1 if cfg.get("tie_word_embeddings") else 2)
+    return (embeddings + d + n_layers * (attention + 2 * d) + n_dense * dense_mlp
+            + (n_layers - n_dense) * moe_mlp)
 
 
 # The attention what-ifs of the memory lab: the model as built, or its KV heads as MHA, GQA or MQA would have them.
