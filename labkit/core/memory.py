@@ -100,9 +100,10 @@ class BlockLayout:
     norm_bias: bool = False  # LayerNorm with weight and bias; False: RMSNorm, weight only
     norms_per_layer: int = 2  # Falcon-7B's parallel attention+MLP block has a single input norm
     qk_norm: bool = False  # Qwen3: an RMSNorm of width head_dim on queries and on keys
+    qkv_bias: bool = False  # Qwen2: the q, k and v projections (only they) have a bias
 
     def __post_init__(self) -> None:
-        for name in ("gated_mlp", "linear_bias", "norm_bias", "qk_norm"):
+        for name in ("gated_mlp", "linear_bias", "norm_bias", "qk_norm", "qkv_bias"):
             boolean(name, getattr(self, name))
         integer("norms_per_layer", self.norms_per_layer, min=0)
 
@@ -166,6 +167,7 @@ def param_breakdown(spec: ModelSpec, layout: BlockLayout = LLAMA, tp: int = 1) -
     kv_width = kv_heads * spec.head_dim
     n_mlp = 3 if layout.gated_mlp else 2
     attention = 2 * d * q_width + 2 * d * kv_width + layout.linear_bias * (q_width + 2 * kv_width + d)
+    attention += layout.qkv_bias * (q_width + 2 * kv_width)
     mlp = n_mlp * d * ff + layout.linear_bias * ((n_mlp - 1) * ff + d)
     norm = d * (2 if layout.norm_bias else 1)
     per_layer_norms = layout.norms_per_layer * norm + layout.qk_norm * 2 * spec.head_dim

@@ -1,6 +1,11 @@
 """The KV-cache explorer (lab 05): does this model, at this batch and context, fit on this GPU?
 
-``compute`` is pure: a preset model and GPU, the weight and KV formats, batch and context, an attention
+The model is a preset, or any model sized from its config alone (:func:`read_model`): a Hugging Face Hub id
+(``"Qwen/Qwen3-32B"``: config.json is downloaded, a few kilobytes, never the weights) or the path of a
+config.json (offline). Sliding-window layers and multi-latent attention are counted as transformers' cache holds
+them (``labkit.core.memory.kv_cache_bytes``); what labkit cannot count is refused with the reason.
+
+``compute`` is pure: a model and a preset GPU, the weight and KV formats, batch and context, an attention
 what-if (MHA / GQA / MQA), a tensor-parallel degree and the prefill (one pass, or chunks as vLLM and SGLang run
 it) in; a :class:`MemoryView` out, with the per-GPU budget,
 the largest batch and the longest context that would fit, and the arithmetic with every number substituted.
@@ -13,17 +18,24 @@ activation and workspace parts are labkit.core.budget's first-order estimates, a
 
 from __future__ import annotations
 
+import functools
 import html
+import json
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from typing import Any
 
 from labkit.core.budget import GPUSpec, MemoryBudget, budget, max_batch_size, max_seq_len
-from labkit.core.memory import GB, GIB, MIB, BlockLayout, bytes_per_value, kv_heads_per_rank, weights_count
+from labkit.core.memory import (
+    GB, GIB, LLAMA, MIB, BlockLayout, bytes_per_value, cached_tokens, kv_heads_per_rank, kv_values_per_token,
+    param_count, weights_count,
+)
 from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
-from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets
+from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
 from labkit.core.spec import ATTENTION, ModelSpec, with_attention
 
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
@@ -35,6 +47,90 @@ SCALE_BYTES = 2  # each such scale is one FP16 number
 WORKSPACE_FRACTION = 0.1  # of the GPU's memory, kept for everything not modelled (labkit.core.budget)
 PARTS = ("weights", "KV cache", "activations (est.)", "workspace (est.)", "free")
 COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#e8e8e8")
+
+
+# Block layouts (biases, norms, MLP kind) by a config's model_type, as transformers builds each family; checked
+# against the parameters of a built model for every test architecture (tests/test_explorer_memory.py).
+LAYOUTS = {
+    "gpt_neox": BlockLayout(gated_mlp=False, linear_bias=True, norm_bias=True),
+    "qwen2": BlockLayout(qkv_bias=True),
+    "qwen3": BlockLayout(qk_norm=True),
+    "gemma2": BlockLayout(norms_per_layer=4),  # a norm before and after attention and the MLP
+    "gemma3_text": BlockLayout(norms_per_layer=4, qk_norm=True),
+    "gemma3": BlockLayout(norms_per_layer=4, qk_norm=True),
+    **{family: LLAMA for family in ("llama", "mistral", "phi3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3")},
+}
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class SizedModel:
+    """A model as the explorer sizes it: its spec, its block layout and where its numbers come from."""
+
+    spec: ModelSpec
+    layout: BlockLayout
+    source: str  # a preset's config URL, the hub id's config.json or the path read
+    note: str = ""  # what the count assumes, shown under the arithmetic ("" when nothing)
+
+
+def _hub_config(repo_id: str) -> Path:
+    """config.json of a hub repository, downloaded once into the Hugging Face cache (no weights)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    instead = "or pass the path of a config.json instead: memory_explorer('path/to/config.json')"
+    try:
+        return Path(hf_hub_download(repo_id, "config.json"))
+    except GatedRepoError:
+        raise ValueError(f"{repo_id} is gated on the Hugging Face Hub: accept its license there and log in "
+                         f"(hf auth login), {instead}") from None
+    except RepositoryNotFoundError:
+        raise ValueError(f"{repo_id} is not a model on the Hugging Face Hub (or is private), {instead}") from None
+    except LocalEntryNotFoundError:
+        raise ValueError(f"no network and {repo_id}'s config.json is not in the Hugging Face cache: connect once, "
+                         f"{instead}") from None
+
+
+def _config_of(path: Path) -> tuple[dict[str, Any], str]:
+    """The config as transformers would complete it (its class's defaults, e.g. Mistral's window, Gemma's tied
+    embeddings), or as written when the installed transformers does not know its model_type."""
+    written = json.loads(path.read_text())
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(path)).to_dict(), ""
+    except (ImportError, ValueError, KeyError) as error:
+        return written, f"read as written (transformers could not complete it: {str(error).splitlines()[0]})"
+
+
+@functools.lru_cache(maxsize=32)
+def read_model(preset: str) -> SizedModel:
+    """The model a name stands for: a preset (``model_presets()``), a hub id or a config.json path (or its folder).
+
+    A hub id downloads config.json alone, once (the Hugging Face cache keeps it for offline use); read once per
+    process, since ``compute`` asks again on every slider move.
+    """
+    if not isinstance(preset, str) or not preset:
+        raise TypeError(f"preset must be a preset's name, a hub id or a config.json path (a str), got {preset!r}")
+    if preset.lower() in {name.lower() for name in model_presets()}:
+        return SizedModel(model_preset(preset), model_layout(preset), model_source(preset))
+    path = Path(preset).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        name = path.parent.name or preset
+    elif path.suffix == ".json" or preset.startswith((".", "/", "~")) or not _HUB_ID.match(preset):
+        raise ValueError(f"preset must be one of {sorted(model_presets())}, a hub id such as 'Qwen/Qwen3-32B' or "
+                         f"the path of a config.json, got {preset!r} (no such preset or file)")
+    else:
+        path, name = _hub_config(preset), preset
+    config, note = _config_of(path)
+    spec = ModelSpec.from_config(config, name=name)
+    model_type = config.get("model_type")
+    if spec.n_params is None and model_type not in LAYOUTS:
+        note = "; ".join(filter(None, [note, f"weights counted with Llama's block layout ({model_type!r} is not one "
+                                             f"labkit has checked)"]))
+    return SizedModel(spec, LAYOUTS.get(model_type, LLAMA), str(path), note)
 
 
 @dataclass(frozen=True)
@@ -66,13 +162,10 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
         weights += f" + ceil({n_weights:,} / {GROUP_SIZE}) scales x {SCALE_BYTES} B"
     if tp > 1:
         weights = weights.replace("params", f"params on this GPU (1/{tp} of each matrix, norms copied)")
-    kv_heads = kv_heads_per_rank(spec, tp)
     datasheet = ""  # a preset's capacity is nvidia-smi's reading; the datasheet prints a rounder figure
     if gpu is not None and gpu.vendor_memory:
         datasheet = f" (nvidia-smi: {b.capacity_bytes / MIB:,.0f} MiB; datasheet: {gpu.vendor_memory})"
-    kv = (f"KV cache: 2 x B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x H_kv {kv_heads}"
-          f"{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x d_h {spec.head_dim} x "
-          f"{bytes_per_value(kv_dtype):g} B")
+    kv = f"KV cache: {_kv_formula(spec, batch_size, seq_len, tp)} x {bytes_per_value(kv_dtype):g} B"
     return (
         f"{weights} = {_size(b.weights_bytes)}",
         f"{kv} = {_size(b.kv_cache_bytes)}",
@@ -86,10 +179,30 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
     )
 
 
+def _kv_formula(spec: ModelSpec, batch_size: int, seq_len: int, tp: int) -> str:
+    """The KV cache's product with the numbers substituted: tokens held per layer, values per token and layer."""
+    if spec.latent_attention:  # one latent and one rotary key per token, every GPU holds all of it
+        per_token = (f"(latent {spec.kv_lora_rank} + rotary key {spec.qk_rope_head_dim}, multi-latent attention"
+                     f"{', on every GPU' if tp > 1 else ''}) = {kv_values_per_token(spec, tp):,}")
+    else:
+        kv_heads = kv_heads_per_rank(spec, tp)
+        per_token = (f"2 x H_kv {kv_heads}{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x "
+                     f"d_h {spec.head_dim}")
+    if spec.n_sliding_layers == 0:
+        return f"{'' if spec.latent_attention else '2 x '}B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x " + \
+            per_token.removeprefix("2 x ")
+    full_tokens, sliding_tokens = cached_tokens(spec, seq_len)
+    n_full = spec.n_layers - spec.n_sliding_layers
+    tokens = (f"(L_full {n_full} x T {full_tokens:,} + L_sliding {spec.n_sliding_layers} x "
+              f"min(T, window {spec.sliding_window:,} - 1) {sliding_tokens:,})")
+    return f"B {batch_size:,} x {tokens} x {per_token}"
+
+
 def compute(preset: str, gpu_name: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
             seq_len: int = 4096, attention: str = "as built", tp: int = 1, prefill_chunk: int = 0) -> MemoryView:
-    """The per-GPU budget and the reverse answers for one setting of the explorer (preset names in: ``preset``
-    names the model, ``gpu_name`` the GPU; ``gpu`` is the README's GPUSpec, the view's ``gpu``).
+    """The per-GPU budget and the reverse answers for one setting of the explorer: ``preset`` names the model (a
+    preset, a hub id or a config.json path, read once by :func:`read_model`), ``gpu_name`` the GPU preset
+    (``gpu`` is the README's GPUSpec, the view's ``gpu``).
 
     ``prefill_chunk``: tokens per prefill step (0: every prompt in one pass, the largest activation peak).
 
@@ -97,22 +210,32 @@ def compute(preset: str, gpu_name: str, weight_fmt: str = "bf16", kv_dtype: str 
     >>> view.budget.kv_cache_bytes == 8 * GIB, view.budget.fits, view.max_batch >= 16
     (True, True, True)
     """
-    as_built, gpu, layout = model_preset(preset), gpu_preset(gpu_name), model_layout(preset)
+    sized, gpu = read_model(preset), gpu_preset(gpu_name)
+    as_built, layout = sized.spec, sized.layout
     spec = as_built
     options = dict(weight_fmt=weight_fmt, kv_dtype=kv_dtype, tp=tp, layout=layout,
                    group_size=GROUP_SIZE if weight_fmt.startswith("int") else None, scale_bytes=SCALE_BYTES,
                    workspace_fraction=WORKSPACE_FRACTION, prefill_chunk_tokens=prefill_chunk or None)
     try:
+        if (tp > 1 or attention != "as built") and not _dense(as_built, layout):
+            raise ValueError(f"{as_built.name}'s weights (experts or latent attention) are counted as built on one "
+                             "GPU only: labkit neither splits them over GPUs nor reshapes their attention")
         spec = with_attention(as_built, attention)
         b = budget(spec, gpu, batch_size, seq_len, **options)
     except ValueError as error:  # an impossible setting is shown, not raised into the widget
         return MemoryView(spec, gpu, batch_size, seq_len, tp, None, 0, 0, (), str(error))
+    steps = _steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk, gpu)
     return MemoryView(
         spec=spec, gpu=gpu, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
         max_batch=max_batch_size(spec, gpu, seq_len, **options),
         max_seq=max_seq_len(spec, gpu, batch_size, **options),
-        steps=_steps(spec, layout, b, batch_size, seq_len, weight_fmt, kv_dtype, tp, prefill_chunk, gpu),
+        steps=steps + ((f"note: {sized.note}",) if sized.note else ()),
     )
+
+
+def _dense(spec: ModelSpec, layout: BlockLayout) -> bool:
+    """True unless the spec's parameters are more than its block layout counts (experts, latent attention)."""
+    return spec.n_params is None or spec.d_ff is None or param_count(spec, layout) == spec.n_params
 
 
 def bar_parts_gb(view: MemoryView) -> tuple[float, ...]:
@@ -213,6 +336,10 @@ class MemoryExplorer(Explorer):
     def __init__(self, preset: str = "Llama-3-8B", gpu_name: str = "A100-80GB"):
         import ipywidgets as widgets
 
+        read_model(preset)  # a hub id's config.json is fetched (or refused) here, once, before any widget
+        models = list(model_presets())
+        if preset not in models:
+            models.append(preset)
         style = layout.description_style(84)
         self.column_width = 384
         self.toggle_titles: dict[str, Any] = {}  # a toggle group's name -> the line above it
@@ -230,7 +357,7 @@ class MemoryExplorer(Explorer):
             return group
 
         self.controls = {
-            "preset": widgets.Dropdown(options=list(model_presets()), value=preset, description="model", style=style,
+            "preset": widgets.Dropdown(options=models, value=preset, description="model", style=style,
                                        layout=layout.full_width()),
             "gpu_name": widgets.Dropdown(options=list(gpu_presets()), value=gpu_name, description="GPU",
                                          style=style, layout=layout.full_width()),
@@ -288,6 +415,7 @@ class MemoryExplorer(Explorer):
 
 
 def memory_explorer(preset: str = "Llama-3-8B", gpu_name: str = "A100-80GB") -> MemoryExplorer:
-    """The lab 05 explorer (leave it last in a cell to show it); ``preset`` names the model and ``gpu_name`` the
-    GPU, both presets (``gpu`` is a GPUSpec everywhere in labkit)."""
+    """The lab 05 explorer (leave it last in a cell to show it); ``preset`` names the model: a preset, a Hugging
+    Face Hub id (``"Qwen/Qwen3-32B"``: its config.json alone is downloaded) or the path of a config.json;
+    ``gpu_name`` names a GPU preset (``gpu`` is a GPUSpec everywhere in labkit)."""
     return MemoryExplorer(preset, gpu_name)
