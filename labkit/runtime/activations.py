@@ -34,10 +34,35 @@ from labkit.runtime.capture import capture, edit_outputs, layer_names
 from labkit.runtime.forward import forward, module_of
 
 RESIDUAL = "residual stream"
-# What the visualizer can show -> the Linear whose input it is (k/v share q's input, up shares gate's).
+# What the visualizer can show -> the Linear whose input it is, in Llama's names (k/v share q's input, up shares
+# gate's); the residual stream is read at the decoder block's output, this Linear's weight stands in for its ranges.
 SOURCES = {RESIDUAL: "self_attn.q_proj", "q/k/v_proj input": "self_attn.q_proj", "o_proj input": "self_attn.o_proj",
            "gate/up_proj input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
 LINEAR_INPUTS = tuple(source for source in SOURCES if source != RESIDUAL)  # what W8A8 and LLM.int8() quantize
+# config.model_type -> each source's Linear inside a block, by role: the same four inputs under each architecture's
+# names (GPT-NeoX and Phi-3 fuse q/k/v into one matrix, Phi-3 gate/up too: the fused Linear reads the same input).
+ROLES = {
+    **{model_type: SOURCES for model_type in ("llama", "qwen2", "qwen3", "mistral", "gemma2")},
+    "gpt_neox": {RESIDUAL: "attention.query_key_value", "q/k/v_proj input": "attention.query_key_value",
+                 "o_proj input": "attention.dense", "gate/up_proj input": "mlp.dense_h_to_4h",
+                 "down_proj input": "mlp.dense_4h_to_h"},
+    "phi3": {RESIDUAL: "self_attn.qkv_proj", "q/k/v_proj input": "self_attn.qkv_proj",
+             "o_proj input": "self_attn.o_proj", "gate/up_proj input": "mlp.gate_up_proj",
+             "down_proj input": "mlp.down_proj"},
+}
+
+
+def source_linears(lm: Any) -> dict[str, str]:
+    """Each source's Linear inside a decoder block for this model's architecture (``config.model_type``, :data:`ROLES`).
+
+    An architecture not in :data:`ROLES` is refused before any pass: its Linears' names do not say which input
+    each one reads (GPT-NeoX's ``dense_4h_to_h`` is Llama's ``down_proj``), and a guess would show the wrong tensor.
+    """
+    model_type = getattr(getattr(module_of(lm), "config", None), "model_type", None)
+    if model_type not in ROLES:
+        raise validation.fail(ValueError, "lm", f"a model whose config.model_type is one of {sorted(ROLES)} (the "
+                              "architectures whose Linears' roles labkit knows)", model_type)
+    return ROLES[model_type]
 
 
 @dataclass
@@ -66,8 +91,9 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
         with replace_massive(lm, zero_massive_at):
             return dataclasses.replace(capture_activations(lm, prompt), zeroed_at=zero_massive_at)
     token_ids = lm.text_ids(prompt)  # [1, seq_len]
+    roles = source_linears(lm)  # before any pass: an architecture of unknown names is refused first
     blocks = layer_names(lm)
-    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in SOURCES.items()
+    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in roles.items()
                if source != RESIDUAL}
     names = [name for group in linears.values() for name in group]
     with capture(lm, blocks, what="output") as outputs, capture(lm, names, what="input") as inputs:

@@ -9,14 +9,24 @@
 * :class:`EarlyExit`: the target's own first ``n_layers`` blocks, then its final norm and head (a self-draft that
   shares every weight, with its own KV cache: :func:`truncated_model`). The model was not trained to exit early, so
   its acceptance is low.
+* :class:`DraftModel`: a separate small model with the target's tokenizer (a 135M model drafting for its 360M
+  sibling), any architecture, with its own KV cache. Where the draft and the target first meet (its
+  :meth:`~DraftModel.reset`, before any pass) their vocabularies are compared (:func:`check_same_vocabulary`): a
+  draft whose token ids mean other tokens is refused with the first token that differs.
 
-The loop that verifies their drafts is :func:`labkit.runtime.speculative.speculative_generate`. Left out: a separate
-small draft model (the :class:`Drafter` interface admits one). Layer: runtime (runs the model). Used by lab 07.
+A model whose attention slides over a window (Mistral, Gemma 2) drops keys older than the window, and transformers'
+cache then cannot be cut back past a rejected draft; :func:`rollback_cache` gives such a model a cache that keeps
+them until it is cropped (what transformers' assisted generation does).
+
+The loop that verifies their drafts is :func:`labkit.runtime.speculative.speculative_generate`. Layer: runtime
+(runs the model). Used by lab 07.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -24,6 +34,7 @@ import torch
 from labkit.core import sampling, validation
 from labkit.core.speculative import draw
 from labkit.runtime import crop, forward, module_of
+from labkit.runtime.capture import layer_names
 from labkit.runtime.llama import current_forward, early_exit
 
 
@@ -41,10 +52,8 @@ class Drafter:
       :func:`labkit.runtime.speculative.draft_step_s` times one draft step and not a prefill (by default nothing: a
       drafter whose whole state is the context).
 
-    :class:`PromptLookup` (no model) and :class:`EarlyExit` (the target's own first blocks) implement it. A separate
-    small draft model with the target's tokenizer fits the same interface: ``reset`` drops its cache, ``propose``
-    runs its passes (sampling at ``temperature`` from ``generator``) and keeps the distributions for
-    ``draft_probs``, ``accepted`` crops its cache, ``catch_up`` feeds it the context. None ships (left out above).
+    :class:`PromptLookup` (no model), :class:`EarlyExit` (the target's own first blocks) and :class:`DraftModel`
+    (a separate small model with the target's tokenizer) implement it.
     """
 
     name: str = ""
@@ -128,9 +137,13 @@ def truncated_model(lm: Any, n_layers: int) -> torch.nn.Module:
     a new cache has that many layers.
     """
     module = module_of(lm)
-    body = getattr(module, "model", None)
-    if body is None or not hasattr(body, "layers"):
-        raise TypeError(f"lm must be a decoder with .model.layers (Llama-like), got {type(module).__name__}")
+    # The blocks' list by architecture (model.layers, gpt_neox.layers): its parent is the body to copy.
+    blocks = layer_names(module)[0].rsplit(".", 1)[0] if _has_config(module) else ""
+    body_name, _, list_name = blocks.rpartition(".")
+    body = getattr(module, body_name, None) if body_name and "." not in body_name else None
+    if body is None or list_name != "layers":
+        raise TypeError(f"lm must be a decoder whose blocks are <body>.layers (model.layers in Llama, "
+                        f"gpt_neox.layers in GPT-NeoX), got {type(module).__name__}")
     total = len(body.layers)
     n_layers = validation.integer("n_layers", n_layers, min=1, max=total, note=f"the model has {total} blocks")
     config = copy.deepcopy(module.config)
@@ -143,38 +156,58 @@ def truncated_model(lm: Any, n_layers: int) -> torch.nn.Module:
     draft_body.config = config
     draft = copy.copy(module)
     draft._modules = dict(module._modules)
-    draft.model = draft_body
+    setattr(draft, body_name, draft_body)
     draft.config = config
     return draft
 
 
-class EarlyExit(Drafter):
-    """Self-draft: the first ``n_layers`` blocks of the target with its final norm and head, and its own cache.
+def _has_config(module: torch.nn.Module) -> bool:
+    return getattr(module, "config", None) is not None
 
-    The draft's cache always holds a prefix of the accepted text: what is missing is fed at the next proposal.
+
+def rollback_cache(lm: Any) -> Any:
+    """An empty transformers cache that can be cut back past a sliding window, for a model whose attention slides
+    (Mistral, Gemma 2); None for any other model (its first pass makes its own cache, as before).
+
+    A sliding layer keeps only its last ``sliding_window - 1`` keys, so rejected drafts past the window could not be
+    cropped away; with past recording on (transformers' ``activate_past_recording``, what its assisted generation
+    turns on) it keeps them until the next crop.
     """
+    module = module_of(lm)
+    transformers = sys.modules.get("transformers")
+    if transformers is None or not isinstance(module, transformers.PreTrainedModel):
+        return None  # labkit's own decoder, or a module that brings its own cache
+    from transformers import DynamicCache
 
-    def __init__(self, n_layers: int = 4):
-        self.n_layers = validation.integer("n_layers", n_layers, min=1)
-        self.name = f"early exit after {n_layers} blocks"
-        self.module: torch.nn.Module | None = None  # the truncated target (built at the first reset)
+    if "config" not in inspect.signature(DynamicCache).parameters:  # 4.46: no sliding layers in the cache
+        return None
+    cache = DynamicCache(config=module.config)
+    if not hasattr(cache, "activate_past_recording") or not any(
+            getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ())):
+        return None
+    cache.activate_past_recording()
+    return cache
+
+
+class _ModelDrafter(Drafter):
+    """A drafter that runs a model (``self.module``) with its own KV cache: greedy or sampled proposals, the cache
+    cut back after each verdict. The cache always holds a prefix of the accepted text: what is missing is fed at
+    the next proposal."""
+
+    module: Any = None
+
+    def __init__(self) -> None:
         self.cache: Any = None
         self.cached = 0  # tokens in the draft cache
         self.last_probs: list[torch.Tensor] = []  # the draft distribution of each proposal (sampling mode)
-
-    def reset(self, lm: Any, token_ids: torch.Tensor) -> None:
-        if self.module is None or self._target is not module_of(lm) or self._forward != current_forward():
-            # labkit's decoder cut short when the target decodes through it, else the transformers module cut short
-            draft = early_exit(lm, self.n_layers)
-            self.module = draft if draft is not None else truncated_model(lm, self.n_layers)
-            self._target, self._forward = module_of(lm), current_forward()
-        self.cache, self.cached = None, 0
 
     def propose(self, context: Sequence[int], gamma: int, temperature: float = 0.0,
                 generator: torch.Generator | None = None) -> list[int]:
         proposal: list[int] = []
         self.last_probs = []
         pending = list(context[self.cached:])  # accepted tokens the draft has not seen yet (at least the last)
+        if self.cache is None and self.cached == 0:
+            self.cache = rollback_cache(self.module)  # None except for a sliding window: the pass makes its own
         for _ in range(gamma):
             token_ids = torch.tensor([pending])  # [1, len(pending)]
             logits, self.cache = forward(self.module, token_ids, self.cache)
@@ -197,10 +230,83 @@ class EarlyExit(Drafter):
             self.cached = context_length
 
     def draft_probs(self, draft_ids: Sequence[int], vocab: int) -> torch.Tensor:
-        """The draft's own distribution at each proposed position (kept by :meth:`propose` when sampling)."""
-        return torch.stack(self.last_probs) if draft_ids else torch.zeros(0, vocab, dtype=torch.float64)
+        """The draft's own distribution at each proposed position (kept by :meth:`propose` when sampling), as wide
+        as the target's ``vocab`` (a draft with fewer embedding rows puts no mass on the ids it lacks)."""
+        if not draft_ids:
+            return torch.zeros(0, vocab, dtype=torch.float64)
+        probs = torch.stack(self.last_probs)
+        if probs.shape[-1] < vocab:
+            probs = torch.nn.functional.pad(probs, (0, vocab - probs.shape[-1]))
+        return probs
 
     def catch_up(self, context: Sequence[int]) -> None:
         """Feed ``context`` to the draft cache (one proposal's passes, the proposed token dropped)."""
         self.propose(context, 1)
         self.accepted(len(context))
+
+
+class EarlyExit(_ModelDrafter):
+    """Self-draft: the first ``n_layers`` blocks of the target with its final norm and head, and its own cache."""
+
+    def __init__(self, n_layers: int = 4):
+        super().__init__()
+        self.n_layers = validation.integer("n_layers", n_layers, min=1)
+        self.name = f"early exit after {n_layers} blocks"
+        self.module: torch.nn.Module | None = None  # the truncated target (built at the first reset)
+
+    def reset(self, lm: Any, token_ids: torch.Tensor) -> None:
+        if self.module is None or self._target is not module_of(lm) or self._forward != current_forward():
+            # labkit's decoder cut short when the target decodes through it, else the transformers module cut short
+            draft = early_exit(lm, self.n_layers)
+            self.module = draft if draft is not None else truncated_model(lm, self.n_layers)
+            self._target, self._forward = module_of(lm), current_forward()
+        self.cache, self.cached = None, 0
+
+
+class DraftModel(_ModelDrafter):
+    """A separate small model drafts for the target: greedy (or sampled) proposals from its own passes and cache.
+
+    ``draft``: a LoadedModel (its tokenizer is compared with the target's) or a transformers causal LM (then only
+    the vocabulary sizes can be compared). Any architecture: the passes go through ``runtime.forward``. The check
+    runs at :meth:`reset`, where the loop first hands the drafter its target, before any pass.
+    """
+
+    def __init__(self, draft: Any, name: str = ""):
+        super().__init__()
+        module_of(draft)  # a LoadedModel or a module, refused here otherwise
+        self.module = draft
+        self.name = name or f"draft model {getattr(draft, 'name', None) or type(module_of(draft)).__name__}"
+
+    def reset(self, lm: Any, token_ids: torch.Tensor) -> None:
+        check_same_vocabulary(lm, self.module)
+        self.cache, self.cached = None, 0
+
+
+def check_same_vocabulary(target: Any, draft: Any) -> None:
+    """Refuse a draft whose token ids do not mean the target's tokens; return None when they do.
+
+    With both tokenizers (LoadedModels), their vocabularies (``tokenizer.get_vocab()``, token -> id) must be equal,
+    and the first id that differs is named; a bare module carries no tokenizer, so then the vocabulary sizes
+    (``config.vocab_size``) must be equal. The draft's output may be narrower than the target's (a model padded to
+    a round number of rows), never wider: it could propose an id the target cannot score.
+    """
+    target_tokenizer, draft_tokenizer = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    target_size = getattr(getattr(module_of(target), "config", None), "vocab_size", None)
+    draft_size = getattr(getattr(module_of(draft), "config", None), "vocab_size", None)
+    if target_tokenizer is not None and draft_tokenizer is not None:
+        target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+        if target_vocab != draft_vocab:
+            target_tokens = {index: token for token, index in target_vocab.items()}
+            draft_tokens = {index: token for token, index in draft_vocab.items()}
+            index = next(i for i in sorted(set(target_tokens) | set(draft_tokens))
+                         if target_tokens.get(i) != draft_tokens.get(i))
+            raise ValueError(
+                f"draft must share the target's tokenizer (the same token for every id), got a draft whose token id "
+                f"{index} is {draft_tokens.get(index)!r} where the target's is {target_tokens.get(index)!r} "
+                f"({len(draft_vocab):,} tokens in the draft's vocabulary, {len(target_vocab):,} in the target's)")
+        if target_size is not None and draft_size is not None and draft_size > target_size:
+            raise ValueError(f"draft must score at most the target's {target_size:,} token ids (config.vocab_size), "
+                             f"got a draft with {draft_size:,}: it could propose an id the target cannot score")
+    elif target_size is not None and draft_size is not None and target_size != draft_size:
+        raise ValueError(f"draft must have the target's vocabulary size ({target_size:,}, config.vocab_size; "
+                         f"without both tokenizers only the sizes can be compared), got {draft_size:,}")

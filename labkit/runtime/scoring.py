@@ -25,7 +25,7 @@ import torch
 
 from labkit.core import validation
 from labkit.core.loss import TextScore, Window, score_windows, token_surprisal, truncated_log_probs
-from labkit.runtime import forward, full_logits
+from labkit.runtime import forward, full_logits, module_of
 from labkit.core.validation import real, tensor
 
 
@@ -109,12 +109,42 @@ class ScoringModel:
         return f"ScoringModel({name})"
 
 
-def score_text(lm: Any, token_ids: torch.Tensor, window: int = 512, stride: int | None = None, *,
+def context_length(lm: Any) -> int | None:
+    """The most tokens one pass of the model may read (its config's ``max_position_embeddings``, or ``n_positions``
+    for GPT-2-style configs); None when nothing says (a module without a config, a ScoringModel not loaded yet)."""
+    if isinstance(lm, ScoringModel):
+        lm = lm.lm
+    if lm is None:
+        return None
+    try:
+        config = getattr(module_of(lm), "config", None)
+    except TypeError:
+        return None
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def scoring_window(lm: Any, window: int | None = None) -> int:
+    """The tokens per scoring pass: ``window``, or by default :data:`WINDOW` (512) cut to the model's context
+    (a model with a 256-token context gets 256-token windows). A ``window`` longer than the context is refused:
+    positions past it were never trained, and the scores would be silently wrong."""
+    context = context_length(lm)
+    if window is None:
+        return WINDOW if context is None else min(WINDOW, context)
+    note = "" if context is None else f"at most the model's context, {context} tokens (max_position_embeddings)"
+    return validation.integer("window", window, min=1, max=context, note=note)
+
+
+def score_text(lm: Any, token_ids: torch.Tensor, window: int | None = None, stride: int | None = None, *,
                temperatures: tuple[float, ...] = (), truncations: dict[str, dict] | None = None,
                progress: bool = True, device: Any = None) -> TextScore:
     """Score every token of a text (from position 1) with a causal LM, in windows (:func:`score_windows`).
 
-    One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
+    ``window``: tokens per pass, by default 512 cut to the model's context (:func:`scoring_window`); ``stride``:
+    targets per pass, by default ``window``. One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
     target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
     setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
@@ -124,6 +154,7 @@ def score_text(lm: Any, token_ids: torch.Tensor, window: int = 512, stride: int 
     from tqdm.auto import tqdm
 
     tensor("token_ids", token_ids, kind="int", ndim=1, shape="[n_tokens]")
+    window = scoring_window(lm, window)
     for index, temperature in enumerate(temperatures):
         real(f"temperatures[{index}]", temperature, min=0, min_open=True)
     truncations = dict(truncations or {})

@@ -8,8 +8,10 @@ needs no model (prompt lookup) proposes before the prefill too, and the prefill 
 pass (transformers' assisted generation does the same): one target pass fewer. No forward pass is written here:
 every pass goes through ``runtime.forward``.
 
-Drafters (prompt lookup, early exit; what the loop asks of one is declared by
-:class:`labkit.runtime.drafters.Drafter`) live in :mod:`labkit.runtime.drafters`.
+Drafters (prompt lookup, early exit, a separate draft model with the target's tokenizer; what the loop asks of one is
+declared by :class:`labkit.runtime.drafters.Drafter`) live in :mod:`labkit.runtime.drafters`. Any causal LM runs as
+the target (labkit's own forward for a plain Llama, transformers' for the others); a model whose attention slides
+over a window gets a cache that can be cut back past it (:func:`labkit.runtime.drafters.rollback_cache`).
 
 Greedy output equals plain greedy decoding token for token whatever the drafter (the draft only decides how many
 tokens one pass yields), with one caveat, measured rather than assumed: the target scores a block of k + 1 tokens in
@@ -17,8 +19,8 @@ one pass, and a block's float reductions round differently from k + 1 single-tok
 logits are nearly tied could flip. The tests and lab 07 compare with plain greedy only on outputs whose every step
 is far from a tie (``runtime.generation.greedy_margins`` above ``core.distribution.CLEAR_MARGIN``).
 
-Left out: batches (rows would accept different numbers of drafts), tree drafts, a separate draft model (the
-``Drafter`` interface admits one). The sampling step's first tokens on fixed rows are core arithmetic
+Left out: batches (rows would accept different numbers of drafts), tree drafts, a draft with another tokenizer
+(refused: :func:`labkit.runtime.drafters.check_same_vocabulary`). The sampling step's first tokens on fixed rows are core arithmetic
 (:func:`labkit.core.lossless.sample_first_tokens`). Layer: runtime (runs the model). Used by lab 07.
 """
 
@@ -32,8 +34,8 @@ import torch
 
 from labkit.core import sampling, validation
 from labkit.core.speculative import draw, greedy_accept, speculative_step
-from labkit.runtime import crop, forward, model_device, module_of, prefill, synchronize, verify
-from labkit.runtime.drafters import Drafter, truncated_model
+from labkit.runtime import crop, forward, model_device, module_of, synchronize, verify
+from labkit.runtime.drafters import Drafter, rollback_cache, truncated_model
 
 # ---------------------------------------------------------------------------------------------------------------
 # The loop
@@ -105,7 +107,7 @@ def speculative_generate(lm: Any, token_ids: torch.Tensor, max_new_tokens: int, 
             new, context, cache = _verify_round(lm, judging, None, [], prompt, drafts)
             run.prefill_verified = True
         else:
-            logits, cache = prefill(lm, token_ids)
+            logits, cache = forward(lm, token_ids, rollback_cache(lm))  # the prefill (rollback: a sliding window)
             context, new = prompt, [_choose(logits[0].cpu(), temperature, generator)]  # the target's own first token
         token = new[-1]
         while len(new) < max_new_tokens and (eos_token_id is None or token != eos_token_id):
@@ -139,7 +141,7 @@ def _verify_round(lm: Any, judging: _Judging, cache: Any, context: list[int], fe
     the accepted text. Returns (the tokens produced, the accepted text the cache now holds, the cache)."""
     tick = time.perf_counter()
     if cache is None:  # the prefill verifies too: the prompt's last position's logits, then each draft's
-        rows, cache = forward(lm, torch.tensor([fed + drafts]), positions=len(drafts) + 1)
+        rows, cache = forward(lm, torch.tensor([fed + drafts]), rollback_cache(lm), positions=len(drafts) + 1)
     else:
         rows, cache = verify(lm, cache, torch.tensor([fed]), torch.tensor([drafts], dtype=torch.long))
     rows = rows[0].cpu()  # [k + 1, vocab]
@@ -225,7 +227,7 @@ def decode_step_s(lm: Any, token_ids: torch.Tensor, n_tokens: int = 1, repeats: 
     import statistics
 
     with torch.inference_mode():
-        _, cache = prefill(lm, token_ids)
+        _, cache = forward(lm, token_ids, rollback_cache(lm))  # the prefill, its cache croppable past a window
         length = token_ids.shape[1]
         block = token_ids[:, -1:].repeat(1, n_tokens)
         times = []
