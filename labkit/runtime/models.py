@@ -126,14 +126,12 @@ def load_model(name: str | Path = EMBEDDED, *, revision: str | None = None, reus
     started = time.perf_counter()
     if source.kind == "gguf-package":
         module, tokenizer, origin, notes = load_verified(source, gguf_path(source), progress=progress)
-    elif source.kind == "hub":
-        module, tokenizer, origin, notes = _load_from_hub(source)
-    elif source.kind in ("hub-id", "folder", "gguf-file"):
+    elif source.kind in _LOADERS:
         check_runnable(source, model_config(source))  # before a byte of weights is read or downloaded
-        load = _load_gguf_file if source.kind == "gguf-file" else _load_from_hub if source.kind == "hub-id" else _load_folder
-        module, tokenizer, origin, notes = load(source)
-        source = replace(source, chat=getattr(tokenizer, "chat_template", None) is not None,
-                         revision=_commit_of(module, source))
+        module, tokenizer, origin, notes = _LOADERS[source.kind](source)
+        if source.kind != "hub":  # a known hub model's chat flag and commit are data already
+            source = replace(source, chat=getattr(tokenizer, "chat_template", None) is not None,
+                             revision=_commit_of(module, source))
     else:
         raise ValueError(f"models.json: {source.name} has unknown kind {source.kind!r}")
     module.eval()
@@ -224,6 +222,9 @@ def _load_gguf_file(source: ModelSource):
         module = module.float()
     # Only the embedded model's own file gets an on-disk cache (weights_cache); a file named by path is read whole.
     return module, tokenizer, "gguf", ["dequantized from the GGUF file on this load (no on-disk cache)"]
+
+
+_LOADERS = {"hub": _load_from_hub, "hub-id": _load_from_hub, "folder": _load_folder, "gguf-file": _load_gguf_file}
 
 
 def _commit_of(module, source: ModelSource) -> str:

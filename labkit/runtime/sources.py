@@ -110,7 +110,9 @@ def describe(name: Any, revision: Any = None, short_names: tuple[str, ...] = ())
                            repo_id=text)
     if not isinstance(name, str) or text.startswith((".", "/", "~")) or os.sep in text or text.endswith(".gguf"):
         raise ValueError(f"name {text!r} is no existing folder or file (looked in {Path.cwd()})")
-    raise validation.fail(ValueError, "name", accepted, name)
+    # A bare word is most likely a mistyped short name: those are named first.
+    raise ValueError(f"{validation.fail(ValueError, 'name', f'one of {sorted(short_names)}', name)} (or a hub id "
+                     "'owner/name', a folder in transformers' layout, a .gguf file)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
