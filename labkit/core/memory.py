@@ -284,8 +284,9 @@ def cached_tokens(spec: ModelSpec, seq_len: int) -> tuple[int, int]:
     A sliding layer attends to its last sliding_window tokens, the new one included, so between steps it keeps
     sliding_window - 1 of them: transformers' DynamicSlidingWindowLayer (5.x) slices its keys to
     ``[-sliding_window + 1:]`` after every update (during a pass the whole prompt's keys exist for a moment).
-    A static cache (StaticSlidingWindowLayer) allocates sliding_window slots instead, and a paged engine whole
-    blocks covering the window.
+    A static cache (StaticSlidingWindowLayer) allocates sliding_window slots instead, a paged engine whole
+    blocks covering the window, and a cache with past recording on (to roll back rejected draft tokens) holds the
+    whole pass until it is cropped.
 
     >>> spec = ModelSpec("toy", n_layers=2, d_model=8, n_heads=2, n_kv_heads=1, head_dim=4, vocab=10,
     ...                  sliding_window=8, n_sliding_layers=1)
