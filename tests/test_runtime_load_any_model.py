@@ -128,15 +128,15 @@ def _plant_hub_config(hub_cache, repo_id, config):
 
 
 def test_a_70b_hub_id_is_refused_from_its_config_alone(tmp_path, monkeypatch):
-    import huggingface_hub
+    from huggingface_hub import constants as hub_constants
 
     llama70b = model_preset("Llama-3.3-70B")
     config = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "intermediate_size": 28672,
               "tie_word_embeddings": False, "max_position_embeddings": 131072}  # its published config.json
     _plant_hub_config(tmp_path / "hub", "meta-llama/Llama-3.3-70B-Instruct", config)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(sources, "available_memory_bytes", lambda: 16 * 2**30)
     with pytest.raises(ModelUnavailableError) as refused:
         load_model("meta-llama/Llama-3.3-70B-Instruct", progress=False)
@@ -174,10 +174,10 @@ def test_a_folder_without_safetensors_weights_is_refused(tmp_path):
 
 
 def test_a_hub_id_offline_and_not_cached_says_what_would_fetch_it(tmp_path, monkeypatch):
-    import huggingface_hub
+    from huggingface_hub import constants as hub_constants
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ModelUnavailableError) as refused:
         load_model("labkit-tests/no-such-model", revision="v2", progress=False)
     message = _one_line(refused)
@@ -210,3 +210,28 @@ def test_revision_applies_to_a_hub_id_only(folders):
         load_model(folders["llama"], revision="main")
     with pytest.raises(TypeError, match=r"revision must be a str \(a hub branch, tag or commit\) or None, got 3"):
         load_model("Qwen/Qwen2.5-0.5B-Instruct", revision=3)
+
+
+def test_a_bare_word_is_taken_for_a_mistyped_short_name():
+    with pytest.raises(ValueError, match=r"^name must be one of \['pythia-14m', 'smollm2-135m'\], got 'smollm2' "
+                                         r"\(or a hub id 'owner/name', a folder in transformers' layout, a \.gguf file\)$"):
+        load_model("smollm2")
+
+
+def test_a_hub_id_in_the_local_hub_cache_loads_offline_at_its_commit(folders, tmp_path, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants as hub_constants
+
+    _plant_hub_config(tmp_path / "hub", "labkit-tests/tiny-phi3", {})
+    snapshot = next((tmp_path / "hub" / "models--labkit-tests--tiny-phi3" / "snapshots").iterdir())
+    for file in folders["phi3"].iterdir():  # the whole repository, as a finished download leaves it
+        shutil.copy(file, snapshot / file.name)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    lm = load_model("labkit-tests/tiny-phi3", progress=False)
+    assert type(lm.model).__name__ == "Phi3ForCausalLM"
+    assert (lm.source.kind, lm.source.repo_id, lm.source.revision, lm.origin) == (
+        "hub-id", "labkit-tests/tiny-phi3", snapshot.name, "hub")
+    assert lm.notes == ["loaded from the local hub cache"]
+    assert load_model("labkit-tests/tiny-phi3") is lm  # reused by what was asked: the id and its revision

@@ -30,7 +30,7 @@ from labkit.core.spec import ModelSpec
 from labkit.runtime.forward import model_copy
 from labkit.runtime.generation import draw_continuations, generate
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
-from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, check_runnable, describe,
+from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable, describe,
                                     hub_reachable, known_models, model_config, offline_error)
 from labkit.runtime.weights_cache import dequantize_gguf, gguf_tokenizer, load_verified, quiet_transformers
 
@@ -228,8 +228,8 @@ _LOADERS = {"hub": _load_from_hub, "hub-id": _load_from_hub, "folder": _load_fol
 
 
 def _commit_of(module, source: ModelSource) -> str:
-    """The hub commit a hub id resolved to (transformers records it in the config), else the asked revision."""
-    commit = getattr(module.config, "_commit_hash", None) if source.kind == "hub-id" else None
+    """The hub commit a hub id resolved to (its snapshot in the local hub cache), else the asked revision."""
+    commit = cached_commit(source) if source.kind == "hub-id" else None
     return commit or source.revision
 
 

@@ -201,6 +201,15 @@ def _hub_config(source: ModelSource) -> str:
                                     "layout (a repository of GGUF files: download one and pass its path)") from None
 
 
+def cached_commit(source: ModelSource) -> str | None:
+    """The hub commit a hub model's revision resolves to in the local hub cache (its snapshot folder), else None."""
+    from huggingface_hub import try_to_load_from_cache
+
+    revision = None if source.revision == "main" else source.revision
+    found = try_to_load_from_cache(source.repo_id, "config.json", revision=revision)
+    return Path(found).parent.name if isinstance(found, str) else None
+
+
 # GGUF value types (the GGUF specification, ggml's docs/gguf.md): fixed sizes, 8 = string, 9 = array
 _GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
