@@ -182,3 +182,16 @@ def test_the_widget_opens_on_a_config_path(tmp_path):
     assert "L_sliding 21" in shown.text.value
     shown.controls["preset"].value = "Llama-3-8B"  # the presets stay one click away
     assert "L_sliding" not in shown.text.value and explorer.read_model(path).spec.n_sliding_layers == 21
+
+
+def test_a_model_whose_every_layer_slides_stops_growing_past_its_window(tmp_path):
+    # mistralai/Mistral-7B-v0.1: every layer keeps its last 4,095 tokens. With the prefill in chunks nothing grows
+    # past the window, so the longest context is the model's own limit (the search must not double forever).
+    config = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096,
+              "max_position_embeddings": 32768, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    views = [compute(str(tmp_path), "A100-80GB", batch_size=4, seq_len=16384, prefill_chunk=chunk)
+             for chunk in (0, 8192)]
+    assert all(view.budget.kv_cache_bytes == 2 * 4 * 4095 * 32 * 8 * 128 * 2 for view in views)
+    assert views[1].max_seq == 32768 and views[0].max_seq > 32768  # one pass: the activations still grow

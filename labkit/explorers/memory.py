@@ -228,9 +228,19 @@ def compute(preset: str, gpu_name: str, weight_fmt: str = "bf16", kv_dtype: str 
     return MemoryView(
         spec=spec, gpu=gpu, batch_size=batch_size, seq_len=seq_len, tp=tp, budget=b,
         max_batch=max_batch_size(spec, gpu, seq_len, **options),
-        max_seq=max_seq_len(spec, gpu, batch_size, **options),
+        max_seq=_longest_context(spec, gpu, batch_size, options),
         steps=steps + ((f"note: {sized.note}",) if sized.note else ()),
     )
+
+
+def _longest_context(spec: ModelSpec, gpu: GPUSpec, batch_size: int, options: dict[str, Any]) -> int:
+    """max_seq_len, or the model's context limit when memory stops growing: with every layer sliding its window
+    and the prefill in chunks, nothing grows past the window (the search would double forever)."""
+    if spec.n_sliding_layers == spec.n_layers and options["prefill_chunk_tokens"]:
+        limit = spec.max_position_embeddings or 2**31
+        if budget(spec, gpu, batch_size, limit, **options).fits:
+            return limit
+    return max_seq_len(spec, gpu, batch_size, **options)
 
 
 def _dense(spec: ModelSpec, layout: BlockLayout) -> bool:
