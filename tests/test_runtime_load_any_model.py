@@ -235,3 +235,43 @@ def test_a_hub_id_in_the_local_hub_cache_loads_offline_at_its_commit(folders, tm
         "hub-id", "labkit-tests/tiny-phi3", snapshot.name, "hub")
     assert lm.notes == ["loaded from the local hub cache"]
     assert load_model("labkit-tests/tiny-phi3") is lm  # reused by what was asked: the id and its revision
+
+
+def test_a_folder_without_a_tokenizer_is_refused_in_one_line(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path / "no-tokenizer"
+    AutoModelForCausalLM.from_config(tiny_config("llama", 100)).save_pretrained(folder)
+    with pytest.raises(ModelUnavailableError, match=r"^no-tokenizer has no tokenizer transformers can read \(.*\): "
+                                                    r"save one beside the weights") as refused:
+        load_model(folder, progress=False)
+    _one_line(refused)
+
+
+def _write_gguf(path, architecture):
+    """A small GGUF file written by the gguf package itself: two tensors of 15 and 7 values, and string arrays."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_array("tokenizer.ggml.tokens", [f"token{i}" for i in range(300)])
+    writer.add_array("tokenizer.ggml.scores", [0.5] * 300)
+    writer.add_tensor("first.weight", np.zeros((3, 5), dtype=np.float32))
+    writer.add_tensor("second.weight", np.zeros(7, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_gguf_header_agrees_with_the_gguf_package_and_an_unknown_architecture_is_named(tmp_path):
+    import transformers
+
+    pytest.importorskip("gguf")
+    path = _write_gguf(tmp_path / "odd.gguf", "made-up")
+    assert sources.gguf_header(path) == ("made-up", 3 * 5 + 7)
+    with pytest.raises(ModelUnavailableError, match=rf"^odd: transformers {transformers.__version__} cannot read GGUF "
+                                                    r"files of architecture 'made-up' \(it reads llama, ") as refused:
+        load_model(path, progress=False)
+    _one_line(refused)

@@ -179,8 +179,12 @@ def _from_pretrained(location: str, source: ModelSource, **kwargs):
     revision = None if source.revision in ("main", "local") else source.revision
     module = transformers.AutoModelForCausalLM.from_pretrained(
         location, revision=revision, use_safetensors=True, trust_remote_code=False, **_float32(), **kwargs)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=False,
-                                                           **kwargs)
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(location, revision=revision, trust_remote_code=False,
+                                                               **kwargs)
+    except (ValueError, TypeError) as error:  # no tokenizer file: transformers explains over several lines
+        raise ModelUnavailableError(f"{source.title} has no tokenizer transformers can read ({_first_line(error)}): "
+                                    "save one beside the weights with tokenizer.save_pretrained(folder)") from None
     return module, tokenizer
 
 

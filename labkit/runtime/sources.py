@@ -272,8 +272,10 @@ def check_runnable(source: ModelSource, config: dict[str, Any]) -> int:
 
     model_type = config.get("model_type")
     if source.kind == "gguf-file":
-        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
+        try:
+            from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+        except ImportError:  # an older transformers without the list: its loader says what it cannot read
+            GGUF_SUPPORTED_ARCHITECTURES = (model_type,)
         if model_type not in GGUF_SUPPORTED_ARCHITECTURES:
             raise ModelUnavailableError(
                 f"{source.title}: transformers {transformers.__version__} cannot read GGUF files of architecture "
