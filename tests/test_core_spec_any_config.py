@@ -105,7 +105,6 @@ def test_sliding_window_layers_by_family():
     ({"layers_block_type": ["mamba", "attention"]}, "state-space"),
     ({"index_head_dim": 128}, "indexer caches keys"),
     ({"use_bidirectional_attention": True}, "not a causal LM"),
-    ({"model_type": "qwen2_moe", "num_experts": 4, "moe_intermediate_size": 8}, "does not count"),
     ({"kv_lora_rank": 16}, "no \\['qk_rope_head_dim', 'qk_nope_head_dim'\\]"),
 ])
 def test_what_cannot_be_counted_is_refused_with_the_reason(extra, message):
@@ -113,6 +112,21 @@ def test_what_cannot_be_counted_is_refused_with_the_reason(extra, message):
               "vocab_size": 10, "intermediate_size": 128, "sliding_window": 8, **extra}
     with pytest.raises(ValueError, match=message):
         ModelSpec.from_config(config)
+
+
+def test_experts_laid_out_otherwise_are_not_counted_and_the_explorer_says_why(tmp_path):
+    # Qwen2-MoE adds a gated shared expert: expert_param_count does not follow it. The spec carries no count (its
+    # KV cache is still sized), and the explorer refuses the model rather than count its weights as dense.
+    config = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+              "num_hidden_layers": 2,
+              "vocab_size": 10, "intermediate_size": 128, "num_experts": 4, "moe_intermediate_size": 8}
+    spec = ModelSpec.from_config(config)
+    assert spec.n_params is None and kv_cache_bytes(spec, 1, 10, "fp32") == 2 * 10 * 2 * 4 * 16 * 4
+    with pytest.raises(ValueError, match="'qwen2_moe' has experts or latent attention laid out in a way labkit"):
+        expert_param_count(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="'qwen2_moe' has experts or latent attention laid out in a way labkit"):
+        read_model(str(tmp_path / "config.json"))
 
 
 def test_a_window_is_given_with_its_layers():

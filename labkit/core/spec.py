@@ -94,7 +94,8 @@ class ModelSpec:
         cache holds ``kv_lora_rank + qk_rope_head_dim`` values per token and layer, see
         ``labkit.core.memory.kv_values_per_token``). The context limit is ``max_position_embeddings`` (GPT-2's
         ``n_positions``), None when the config has none. ``n_params`` is counted from the config for a mixture of
-        experts or multi-latent attention (:func:`expert_param_count`), which a dense block layout cannot count.
+        experts or multi-latent attention (:func:`expert_param_count`), which a dense block layout cannot count;
+        it stays None when expert_param_count refuses the layout (call it to read why).
 
         >>> spec = ModelSpec.from_config({"model_type": "mistral", "hidden_size": 4096, "num_attention_heads": 32,
         ...     "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096})
@@ -147,7 +148,7 @@ class ModelSpec:
             n_kv_heads=n_kv_heads,
             head_dim=head_dim,
             vocab=first("vocab_size"),
-            n_params=n_params if n_params is not None else expert_param_count(cfg),
+            n_params=n_params if n_params is not None else _counted_params(cfg),
             d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
@@ -226,6 +227,13 @@ def sliding_layers(config: Mapping[str, Any], n_layers: int) -> tuple[int | None
 
 # Families whose mixture-of-experts or latent-attention weights expert_param_count follows (their modeling files).
 _COUNTED_EXPERTS = ("deepseek_v2", "deepseek_v3", "mixtral", "qwen3_moe")
+
+
+def _counted_params(config: Mapping[str, Any]) -> int | None:
+    try:
+        return expert_param_count(config)
+    except ValueError:  # experts laid out in a way not followed: the spec carries no count, the caller asks why
+        return None
 
 
 def expert_param_count(config: Mapping[str, Any]) -> int | None:

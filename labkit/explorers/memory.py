@@ -36,7 +36,7 @@ from labkit.explorers import base as layout
 from labkit.explorers.base import Explorer
 from labkit.explorers.canvas import FigureCanvas
 from labkit.core.presets import gpu_preset, gpu_presets, model_layout, model_preset, model_presets, model_source
-from labkit.core.spec import ATTENTION, ModelSpec, with_attention
+from labkit.core.spec import ATTENTION, ModelSpec, expert_param_count, with_attention
 
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8", "int4")
 KV_FORMATS = ("fp32", "bf16", "fp8", "int4")
@@ -126,6 +126,8 @@ def read_model(preset: str) -> SizedModel:
         path, name = _hub_config(preset), preset
     config, note = _config_of(path)
     spec = ModelSpec.from_config(config, name=name)
+    if spec.n_params is None:
+        expert_param_count(config)  # experts laid out in a way labkit does not count: refused, with the reason
     model_type = config.get("model_type")
     if spec.n_params is None and model_type not in LAYOUTS:
         note = "; ".join(filter(None, [note, f"weights counted with Llama's block layout ({model_type!r} is not one "
