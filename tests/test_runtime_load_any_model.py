@@ -213,8 +213,8 @@ def test_revision_applies_to_a_hub_id_only(folders):
 
 
 def test_a_bare_word_is_taken_for_a_mistyped_short_name():
-    with pytest.raises(ValueError, match=r"^name must be one of \['pythia-14m', 'smollm2-135m'\], got 'smollm2' "
-                                         r"\(or a hub id 'owner/name', a folder in transformers' layout, a \.gguf file\)$"):
+    with pytest.raises(ValueError, match=r"^name must be one of \['pythia-14m', 'smollm2-135m'\], got 'smollm2' \(or "
+                                         r"a hub id 'owner/name', a folder in transformers' layout, a \.gguf file\)$"):
         load_model("smollm2")
 
 

@@ -30,8 +30,8 @@ from labkit.core.spec import ModelSpec
 from labkit.runtime.forward import model_copy
 from labkit.runtime.generation import draw_continuations, generate
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
-from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable, describe,
-                                    hub_reachable, known_models, model_config, offline_error)
+from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable,
+                                    describe, hub_reachable, known_models, model_config, offline_error)
 from labkit.runtime.weights_cache import dequantize_gguf, gguf_tokenizer, load_verified, quiet_transformers
 
 
@@ -131,7 +131,7 @@ def load_model(name: str | Path = EMBEDDED, *, revision: str | None = None, reus
         module, tokenizer, origin, notes = _LOADERS[source.kind](source)
         if source.kind != "hub":  # a known hub model's chat flag and commit are data already
             source = replace(source, chat=getattr(tokenizer, "chat_template", None) is not None,
-                             revision=_commit_of(module, source))
+                             revision=_commit_of(source))
     else:
         raise ValueError(f"models.json: {source.name} has unknown kind {source.kind!r}")
     module.eval()
@@ -231,7 +231,7 @@ def _load_gguf_file(source: ModelSource):
 _LOADERS = {"hub": _load_from_hub, "hub-id": _load_from_hub, "folder": _load_folder, "gguf-file": _load_gguf_file}
 
 
-def _commit_of(module, source: ModelSource) -> str:
+def _commit_of(source: ModelSource) -> str:
     """The hub commit a hub id resolved to (its snapshot in the local hub cache), else the asked revision."""
     commit = cached_commit(source) if source.kind == "hub-id" else None
     return commit or source.revision

@@ -49,7 +49,8 @@ class ModelSource:
     title: str  # the publisher's name for it (a hub id's repository name, a folder's or a file's name)
     kind: str  # "gguf-package", "hub" (known, pinned), "hub-id", "folder" or "gguf-file"
     source: str  # human-readable provenance
-    revision: str  # pinned package version or hub commit; a hub id's asked revision ("main"); "local" for files
+    revision: str  # pinned package version or hub commit; a hub id's revision (default "main"), its commit once
+    # loaded from the local hub cache; "local" for a folder or a file
     license: str
     chat: bool = False  # has a chat template (instruction-tuned)
     package: str | None = None  # PyPI distribution holding the file ("gguf-package")
@@ -277,9 +278,10 @@ def check_runnable(source: ModelSource, config: dict[str, Any]) -> int:
         except ImportError:  # an older transformers without the list: its loader says what it cannot read
             GGUF_SUPPORTED_ARCHITECTURES = (model_type,)
         if model_type not in GGUF_SUPPORTED_ARCHITECTURES:
+            readable = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
             raise ModelUnavailableError(
                 f"{source.title}: transformers {transformers.__version__} cannot read GGUF files of architecture "
-                f"{model_type!r} (it reads {', '.join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ('general', 'tokenizer'))})")
+                f"{model_type!r} (it reads {readable})")
     else:
         _check_architecture(source, config, transformers)
     if source.kind == "folder":
