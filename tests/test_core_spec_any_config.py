@@ -105,12 +105,25 @@ def test_sliding_window_layers_by_family():
     ({"layers_block_type": ["mamba", "attention"]}, "state-space"),
     ({"index_head_dim": 128}, "indexer caches keys"),
     ({"use_bidirectional_attention": True}, "not a causal LM"),
-    ({"kv_lora_rank": 16}, "no \\['qk_rope_head_dim', 'qk_nope_head_dim'\\]"),
 ])
-def test_what_cannot_be_counted_is_refused_with_the_reason(extra, message):
+def test_what_cannot_be_counted_is_refused_with_the_reason(extra, message, tmp_path):
+    # The spec is read (a loader may still run the model), and every KV count refuses it with the reason.
     config = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
               "vocab_size": 10, "intermediate_size": 128, "sliding_window": 8, **extra}
-    with pytest.raises(ValueError, match=message):
+    spec = ModelSpec.from_config(config, name="odd")
+    assert spec.n_layers == 2 and spec.kv_uncounted
+    for count in (lambda: kv_cache_bytes(spec, 1, 10), lambda: kv_bytes_per_token(spec)):
+        with pytest.raises(ValueError, match="odd's KV cache is not counted: .*" + message):
+            count()
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="KV cache is not counted: .*" + message):
+        read_model(str(tmp_path / "config.json"))
+
+
+def test_a_latent_config_without_its_rotary_width_is_refused():
+    config = {"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+              "vocab_size": 10, "kv_lora_rank": 16}
+    with pytest.raises(ValueError, match=r"has kv_lora_rank \(multi-latent attention\) but no \['qk_rope_head_dim',"):
         ModelSpec.from_config(config)
 
 
@@ -118,8 +131,8 @@ def test_experts_laid_out_otherwise_are_not_counted_and_the_explorer_says_why(tm
     # Qwen2-MoE adds a gated shared expert: expert_param_count does not follow it. The spec carries no count (its
     # KV cache is still sized), and the explorer refuses the model rather than count its weights as dense.
     config = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
-              "num_hidden_layers": 2,
-              "vocab_size": 10, "intermediate_size": 128, "num_experts": 4, "moe_intermediate_size": 8}
+              "num_hidden_layers": 2, "vocab_size": 10, "intermediate_size": 128, "num_experts": 4,
+              "moe_intermediate_size": 8}
     spec = ModelSpec.from_config(config)
     assert spec.n_params is None and kv_cache_bytes(spec, 1, 10, "fp32") == 2 * 10 * 2 * 4 * 16 * 4
     with pytest.raises(ValueError, match="'qwen2_moe' has experts or latent attention laid out in a way labkit"):

@@ -257,6 +257,8 @@ def kv_values_per_token(spec: ModelSpec, tp: int = 1) -> int:
     (2048, 512)
     """
     spec = _spec(spec)
+    if spec.kv_uncounted is not None:
+        raise ValueError(f"{spec.name}'s KV cache is not counted: {spec.kv_uncounted}")
     if spec.latent_attention:
         integer("tp", tp, min=1)
         return spec.kv_lora_rank + spec.qk_rope_head_dim

@@ -9,7 +9,8 @@ A config is read for what its KV cache holds, too: layers that attend to a slidi
 (Mistral's ``sliding_window`` on every layer; Gemma 2 and 3 alternating sliding and full layers; newer configs
 list ``layer_types``) and multi-latent attention (DeepSeek V2/V3: one compressed latent per token instead of
 per-head keys and values). What the config describes and this reading does not count (layers that are not
-attention, caches shared across layers, an indexer's keys) is refused with the reason, never guessed.
+attention, caches shared across layers, an indexer's keys) is written in ``kv_uncounted``, and every KV count of
+``labkit.core.memory`` refuses such a spec with that reason, never guesses.
 
 :class:`GPUSpec` stands beside it: a device's memory as the driver reports it (nvidia-smi's total, in bytes), the
 vendor's printed figure beside it, and its peak bandwidth (GB and GiB are defined once, in ``labkit.core.resources``).
@@ -50,6 +51,7 @@ class ModelSpec:
     n_sliding_layers: int = 0  # of the n_layers, those that attend to the last sliding_window tokens only
     kv_lora_rank: int | None = None  # multi-latent attention: width of the key/value latent cached per token
     qk_rope_head_dim: int | None = None  # multi-latent attention: width of the rotary key cached beside it
+    kv_uncounted: str | None = None  # why this model's KV cache cannot be counted (None: it can)
 
     def __post_init__(self) -> None:
         for field in ("n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "vocab"):
@@ -118,7 +120,7 @@ class ModelSpec:
         n_layers = first("num_hidden_layers", "n_layer", "n_layers")
         if d_model is None or n_heads is None or n_layers is None:
             raise ValueError(f"config has no hidden size, head count or layer count: keys are {sorted(cfg)}")
-        _refuse_uncounted(cfg)
+        uncounted = _uncounted(cfg)
         if cfg.get("model_type") == "falcon" or "multi_query" in cfg:
             # Falcon's own rule (modeling_falcon): the new decoder architecture reads num_kv_heads; the original
             # one (Falcon-7B) has a single KV head when multi_query is set, whatever num_kv_heads says.
@@ -139,7 +141,12 @@ class ModelSpec:
                 raise ValueError(f"config has kv_lora_rank (multi-latent attention) but no {missing}")
             latent = {"kv_lora_rank": cfg["kv_lora_rank"], "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
             head_dim, n_kv_heads = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], n_heads
-        sliding_window, n_sliding = sliding_layers(cfg, n_layers)
+        sliding_window, n_sliding = None, 0
+        if uncounted is None:
+            try:
+                sliding_window, n_sliding = sliding_layers(cfg, n_layers)
+            except ValueError as error:  # a layer kind not counted: the spec is read, its KV cache refused
+                uncounted = str(error)
         return cls(
             name=name or first("_name_or_path", "model_type", default="model"),
             n_layers=n_layers,
@@ -154,6 +161,7 @@ class ModelSpec:
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
             sliding_window=sliding_window,
             n_sliding_layers=n_sliding,
+            kv_uncounted=uncounted,
             **latent,
         )
 
@@ -171,13 +179,14 @@ _UNCOUNTED = {
 _PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4, "gpt_oss": 2}
 
 
-def _refuse_uncounted(cfg: Mapping[str, Any]) -> None:
+def _uncounted(cfg: Mapping[str, Any]) -> str | None:
+    """Why a config's KV cache cannot be counted, or None."""
     for key, why in _UNCOUNTED.items():
         if cfg.get(key) not in (None, 0, [], ""):
-            raise ValueError(f"config of {cfg.get('model_type', 'this model')!r} has {key}: {why}, which labkit "
-                             "does not count; its KV cache cannot be sized from ModelSpec")
+            return f"config of {cfg.get('model_type', 'this model')!r} has {key}: {why}, which labkit does not count"
     if cfg.get("use_bidirectional_attention"):
-        raise ValueError("config has use_bidirectional_attention: an encoder, not a causal LM with a KV cache")
+        return "config has use_bidirectional_attention: an encoder, not a causal LM with a KV cache"
+    return None
 
 
 def sliding_layers(config: Mapping[str, Any], n_layers: int) -> tuple[int | None, int]:

@@ -99,7 +99,7 @@ def _config_of(path: Path) -> tuple[dict[str, Any], str]:
         from transformers import AutoConfig
 
         return AutoConfig.from_pretrained(str(path)).to_dict(), ""
-    except (ImportError, ValueError, KeyError) as error:
+    except Exception as error:  # noqa: BLE001 - an unknown model_type, a config its class rejects: read as written
         return written, f"read as written (transformers could not complete it: {str(error).splitlines()[0]})"
 
 
@@ -126,6 +126,8 @@ def read_model(preset: str) -> SizedModel:
         path, name = _hub_config(preset), preset
     config, note = _config_of(path)
     spec = ModelSpec.from_config(config, name=name)
+    if spec.kv_uncounted is not None:
+        raise ValueError(f"{name}'s KV cache is not counted: {spec.kv_uncounted}")
     if spec.n_params is None:
         expert_param_count(config)  # experts laid out in a way labkit does not count: refused, with the reason
     model_type = config.get("model_type")
