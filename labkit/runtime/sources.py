@@ -330,7 +330,9 @@ def estimated_params(config: dict[str, Any]) -> int:
     """Parameters of a model from its config: ``labkit.core.memory.param_count`` at its block layout.
 
     An estimate for the memory check, counted as Llama's block (GPT-NeoX's ungated MLP and biases when the config
-    says so); a mixture of experts counts every expert's MLP. A multimodal config is counted by its text model.
+    says so); a mixture of experts counts every expert's MLP (at ``moe_intermediate_size`` when given, shared
+    experts and routers left out). A multimodal config is counted by its text model. Attention is counted as
+    grouped-query attention, so multi-latent attention (DeepSeek) is counted roughly.
 
     >>> estimated_params({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
     ...                   "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
@@ -344,8 +346,11 @@ def estimated_params(config: dict[str, Any]) -> int:
     neox = text.get("model_type", config.get("model_type")) == "gpt_neox"
     layout = memory.BlockLayout(gated_mlp=not neox, linear_bias=neox, norm_bias=neox)
     parts = memory.param_breakdown(spec, layout)
-    experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 1
-    return sum(parts.values()) + (int(experts) - 1) * parts["mlp"]
+    experts = int(text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 1)
+    if experts == 1:
+        return sum(parts.values())
+    expert_ff = text.get("moe_intermediate_size") or spec.d_ff  # Qwen3-MoE, DeepSeek: experts narrower than d_ff
+    return sum(parts.values()) + parts["mlp"] * (experts * expert_ff - spec.d_ff) // spec.d_ff
 
 
 def available_memory_bytes() -> int | None:
