@@ -14,8 +14,8 @@ import torch
 from any_models import ARCHITECTURES, tiny_config
 from labkit.core.memory import kv_bytes_per_token, kv_cache_bytes, param_count
 from labkit.core.spec import ModelSpec, expert_param_count, sliding_layers, with_attention
-from labkit.explorers import memory as explorer
-from labkit.explorers.memory import compute, memory_explorer, read_model
+from labkit.explorers.memory import compute, memory_explorer
+from labkit.explorers.memory_models import read_model
 
 # meta-llama/Meta-Llama-3-70B
 LLAMA_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
@@ -208,7 +208,7 @@ def test_the_widget_opens_on_a_config_path(tmp_path):
     assert shown.controls["preset"].value == path and "Llama-3-8B" in shown.controls["preset"].options
     assert "L_sliding 21" in shown.text.value
     shown.controls["preset"].value = "Llama-3-8B"  # the presets stay one click away
-    assert "L_sliding" not in shown.text.value and explorer.read_model(path).spec.n_sliding_layers == 21
+    assert "L_sliding" not in shown.text.value and read_model(path).spec.n_sliding_layers == 21
 
 
 def test_a_model_whose_every_layer_slides_stops_growing_past_its_window(tmp_path):
