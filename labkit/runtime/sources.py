@@ -327,20 +327,23 @@ def _check_safetensors(folder: Path) -> None:
 
 
 def estimated_params(config: dict[str, Any]) -> int:
-    """Parameters of a model from its config: ``labkit.core.memory.param_count`` at its block layout.
+    """Parameters of a model from its config, for the memory check.
 
-    An estimate for the memory check, counted as Llama's block (GPT-NeoX's ungated MLP and biases when the config
-    says so); a mixture of experts counts every expert's MLP (at ``moe_intermediate_size`` when given, shared
-    experts and routers left out). A multimodal config is counted by its text model. Attention is counted as
-    grouped-query attention, so multi-latent attention (DeepSeek) is counted roughly.
+    A mixture of experts or multi-latent attention is counted as ``ModelSpec.from_config`` counts it
+    (``labkit.core.configs.expert_param_count``); a dense model by ``labkit.core.memory.param_count`` at Llama's
+    block (GPT-NeoX's ungated MLP, biases and LayerNorms when the config says so), an estimate for the other
+    layouts (biases, extra norms). Experts laid out in a way core does not count are estimated as every expert at
+    ``moe_intermediate_size`` (else d_ff), routers left out.
 
     >>> estimated_params({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
     ...                   "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
     ...                   "intermediate_size": 1536, "tie_word_embeddings": True})  # SmolLM2-135M, exactly
     134515008
     """
+    spec = ModelSpec.from_config(config)
+    if spec.n_params is not None:
+        return spec.n_params
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    spec = ModelSpec.from_config({"model_type": config.get("model_type"), **text})
     if spec.d_ff is None:
         return memory.params_12d2(spec, include_embeddings=True)
     neox = text.get("model_type", config.get("model_type")) == "gpt_neox"
@@ -349,7 +352,7 @@ def estimated_params(config: dict[str, Any]) -> int:
     experts = int(text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts") or 1)
     if experts == 1:
         return sum(parts.values())
-    expert_ff = text.get("moe_intermediate_size") or spec.d_ff  # Qwen3-MoE, DeepSeek: experts narrower than d_ff
+    expert_ff = text.get("moe_intermediate_size") or spec.d_ff  # experts narrower than d_ff (Qwen3-MoE, DeepSeek)
     return sum(parts.values()) + parts["mlp"] * (experts * expert_ff - spec.d_ff) // spec.d_ff
 
 
