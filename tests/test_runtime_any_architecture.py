@@ -32,7 +32,7 @@ from labkit.runtime.timing import timed_generation
 
 PROMPT = "The lighthouse keeper climbed the spiral stairs every evening to light the lamp for the ships."
 LONG_TEXT = " ".join(["Ships passing the rocky coast relied on its beam, and the keeper wrote each night in a log."]
-                     * 30)  # about 600 tokens: longer than the models' 256-token context
+                     * 14)  # about 300 tokens: longer than the models' 256-token context, two windows
 
 
 def wrap(module, tokenizer, name):
@@ -116,7 +116,7 @@ def test_next_token_scores_are_the_models_own_and_the_sampling_explorer_filters_
 def test_a_long_text_is_scored_in_windows_no_longer_than_the_context(target):
     context = target.model.config.max_position_embeddings
     token_ids = target.text_ids(LONG_TEXT)[0]
-    assert context == 256 and len(token_ids) > 2 * context
+    assert context == 256 and len(token_ids) > context
     scores = score_text(target, token_ids, progress=False)
     assert scores.window == context  # 512 by default, cut to the context
     assert not scores.surprisal_nats[1:].isnan().any() and bool(scores.surprisal_nats[0].isnan())
@@ -210,7 +210,7 @@ def assert_far_from_ties(lm, token_ids, tokens):
     assert float(margins.min()) > CLEAR_MARGIN, margins
 
 
-N_NEW = 10
+N_NEW = 6
 
 
 @pytest.fixture(scope="module")
