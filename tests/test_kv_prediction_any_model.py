@@ -5,7 +5,8 @@ in-process from its config with random weights, runs a prompt through ``labkit.r
 decode step, and its cache is measured by ``labkit.runtime.cache.cache_bytes`` (the tensors' storage). The
 prediction is ``labkit.core.memory.kv_cache_bytes`` of the spec read from the model's config object and from the
 config.json it saves (what the memory explorer reads). Prompts of 5, 7, 8 and 20 tokens straddle the window of 8
-that Mistral (every layer) and Gemma 2 (every other layer) slide: transformers keeps window - 1 = 7 tokens.
+that Mistral (every layer), Gemma 2 (every other layer), Gemma 3, gpt-oss, Qwen2 and Cohere 2 slide: transformers
+keeps window - 1 = 7 tokens.
 """
 
 import json
@@ -34,10 +35,29 @@ def deepseek_v3_config():
         n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=256)
 
 
-def build(model_type: str, kv_dtype: str):
-    from transformers import AutoModelForCausalLM
+# More ways to slide a window, each as its config class lays the layers out (beyond tests/any_models.py's two):
+# Gemma 3 (five sliding layers, then a full one), gpt-oss (alternating, with experts), Qwen2 with its window on
+# from layer max_window_layers, Cohere 2 (three sliding, then a full one).
+SMALL = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "max_position_embeddings": 256, "sliding_window": 8}
+MORE_SLIDING = {
+    "gemma3_text": {"num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16},
+    "gpt_oss": {"num_hidden_layers": 4, "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2": {"num_hidden_layers": 4, "use_sliding_window": True, "max_window_layers": 1},
+    "cohere2": {"num_hidden_layers": 4},
+}
 
-    config = deepseek_v3_config() if model_type == "deepseek_v3" else tiny_config(model_type, VOCAB)
+
+def build(model_type: str, kv_dtype: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model_type == "deepseek_v3":
+        config = deepseek_v3_config()
+    elif model_type.endswith(" (sliding)"):
+        family = model_type.removesuffix(" (sliding)")
+        config = AutoConfig.for_model(family, **SMALL, **MORE_SLIDING[family])
+    else:
+        config = tiny_config(model_type, VOCAB)
     torch.manual_seed(0)
     module = AutoModelForCausalLM.from_config(config).eval()
     return module.to(DTYPES[kv_dtype])
@@ -50,7 +70,7 @@ def saved_config(module, folder) -> dict:
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(DTYPES))
-@pytest.mark.parametrize("model_type", [*ARCHITECTURES, "deepseek_v3"])
+@pytest.mark.parametrize("model_type", [*ARCHITECTURES, "deepseek_v3", *(f"{f} (sliding)" for f in MORE_SLIDING)])
 def test_predicted_kv_bytes_equal_the_real_cache(model_type, kv_dtype, tmp_path):
     module = build(model_type, kv_dtype)
     specs = [ModelSpec.from_config(module.config), ModelSpec.from_config(saved_config(module, tmp_path))]
@@ -69,7 +89,7 @@ def test_predicted_kv_bytes_equal_the_real_cache(model_type, kv_dtype, tmp_path)
 
 def test_the_sliding_models_really_keep_fewer_tokens_than_the_prompt():
     # Without this, a prediction that ignored the window would pass the test above on the sliding models.
-    for model_type in SLIDING:
+    for model_type in (*SLIDING, *(f"{family} (sliding)" for family in MORE_SLIDING)):
         module = build(model_type, "fp32")
         _, cache = prefill(module, torch.randint(0, VOCAB, (1, 20), generator=torch.Generator().manual_seed(2)))
         kept = [layer.keys.shape[-2] for layer in cache.layers]
