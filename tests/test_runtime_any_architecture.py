@@ -306,3 +306,18 @@ def test_a_bare_draft_module_is_checked_by_its_vocabulary_size(tokenizer):
     same = AutoModelForCausalLM.from_config(tiny_config("llama", len(tokenizer))).eval()
     drafters.check_same_vocabulary(target, same)  # the same size: accepted
     drafters.check_same_vocabulary(target, build("phi3", tokenizer, seed=2))  # any architecture, same tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two explorers' builders on a base model of another architecture
+
+
+def test_the_sampling_and_outlier_explorers_open_on_a_base_model_of_another_architecture(tokenizer):
+    pytest.importorskip("ipywidgets")
+    lm = build("phi3", tokenizer, seed=0)
+    sampler = sampling_explorer.sampling_explorer(lm, prompt=PROMPT, n_show=5)
+    assert sampler.mode.value == "raw text"  # a base model reads raw text: no chat template to apply
+    assert sampler.scores.top_ids == next_token_scores(lm, PROMPT, chat=False, n_show=5).top_ids
+    visualizer = outlier_explorer.outlier_explorer(lm, prompt=PROMPT)
+    assert visualizer.layer.max == 1 and visualizer.layer.value == 1  # the default layer 15 held to the last
+    assert visualizer.view.tensor.layer == 1

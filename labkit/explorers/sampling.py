@@ -168,9 +168,11 @@ class SamplingExplorer(Explorer):
 
     title = "sampling explorer"
 
-    def __init__(self, lm: Any, prompt: str = DEFAULT_PROMPT, n_show: int = 12, chat: bool = True):
+    def __init__(self, lm: Any, prompt: str = DEFAULT_PROMPT, n_show: int = 12, chat: bool | None = None):
         import ipywidgets as widgets
 
+        if chat is None:  # the model's own: a chat turn for a chat model, raw text for a base model
+            chat = getattr(getattr(lm, "source", None), "chat", True)
         self.lm, self.n_show = lm, n_show
         style = layout.description_style(92)
         self.prompt = widgets.Text(value=prompt, description="prompt", style=layout.description_style(56),
@@ -296,8 +298,9 @@ def tail_figure(tails: dict[str, tuple[Any, Any]], rank_line: int = 1000) -> Any
 
 
 def sampling_explorer(lm: Any = None, prompt: str = DEFAULT_PROMPT, n_show: int = 12,
-                      chat: bool = True) -> SamplingExplorer:
-    """The lab 01 explorer over ``lm`` (default: the embedded model)."""
+                      chat: bool | None = None) -> SamplingExplorer:
+    """The lab 01 explorer over ``lm`` (default: the embedded model); ``chat`` None opens it as the model reads
+    text (a chat turn for a chat model, raw text for a base model)."""
     if lm is None:
         from labkit.runtime.models import load_model
 
