@@ -222,3 +222,17 @@ def test_a_model_whose_every_layer_slides_stops_growing_past_its_window(tmp_path
              for chunk in (0, 8192)]
     assert all(view.budget.kv_cache_bytes == 2 * 4 * 4095 * 32 * 8 * 128 * 2 for view in views)
     assert views[1].max_seq == 32768 and views[0].max_seq > 32768  # one pass: the activations still grow
+
+
+def test_a_multimodal_config_is_sized_by_its_text_model_and_says_so(tmp_path):
+    # google/gemma-3-27b-it: the text model's numbers under text_config, a vision tower beside it.
+    text = {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504, "num_attention_heads": 32,
+            "num_key_value_heads": 16, "head_dim": 128, "num_hidden_layers": 62, "vocab_size": 262208,
+            "sliding_window": 1024, "query_pre_attn_scalar": 168}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text,
+                                                      "vision_config": {"model_type": "siglip_vision_model"}}))
+    sized = read_model(str(tmp_path / "config.json"))
+    assert (sized.spec.n_layers, sized.spec.n_sliding_layers, sized.spec.sliding_window) == (62, 62 - 10, 1024)
+    assert "vision or audio encoder's weights are left out" in sized.note
+    # 10 full layers keep 32,768 tokens, 52 sliding ones 1,023: x 2 (K, V) x 16 heads x 128 x 2 B
+    assert kv_cache_bytes(sized.spec, 1, 32768) == (10 * 32768 + 52 * 1023) * 2 * 16 * 128 * 2

@@ -23,7 +23,7 @@ from labkit.core.spec import ModelSpec
 
 
 # Block layouts (biases, norms, MLP kind) by a config's model_type, as transformers builds each family; checked
-# against the parameters of a built model for every test architecture (tests/test_explorer_memory.py).
+# against the parameters of a built model for every test architecture (tests/test_core_spec_any_config.py).
 LAYOUTS = {
     "gpt_neox": BlockLayout(gated_mlp=False, linear_bias=True, norm_bias=True),
     "qwen2": BlockLayout(qkv_bias=True),
@@ -104,7 +104,10 @@ def read_model(preset: str) -> SizedModel:
     if spec.n_params is None:
         expert_param_count(config)  # experts laid out in a way labkit does not count: refused, with the reason
     model_type = config.get("model_type")
+    notes = [note]
     if spec.n_params is None and model_type not in LAYOUTS:
-        note = "; ".join(filter(None, [note, f"weights counted with Llama's block layout ({model_type!r} is not one "
-                                             f"labkit has checked)"]))
+        notes.append(f"weights counted with Llama's block layout ({model_type!r} is not one labkit has checked)")
+    if "vision_config" in config or "audio_config" in config:
+        notes.append("the text model alone is counted: its vision or audio encoder's weights are left out")
+    note = "; ".join(filter(None, notes))
     return SizedModel(spec, LAYOUTS.get(model_type, LLAMA), str(path), note)
