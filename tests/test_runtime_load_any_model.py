@@ -215,6 +215,11 @@ def test_revision_applies_to_a_hub_id_only(folders):
         load_model("Qwen/Qwen2.5-0.5B-Instruct", revision=3)
 
 
+def test_an_empty_name_is_not_the_current_folder():
+    with pytest.raises(ValueError, match=r"^name must be a hub id \('owner/name'\), .*, got ''$"):
+        load_model("")
+
+
 def test_a_bare_word_is_taken_for_a_mistyped_short_name():
     with pytest.raises(ValueError, match=r"^name must be one of \['pythia-14m', 'smollm2-135m'\], got 'smollm2' \(or "
                                          r"a hub id 'owner/name', a folder in transformers' layout, a \.gguf file\)$"):

@@ -89,6 +89,8 @@ def describe(name: Any, revision: Any = None, short_names: tuple[str, ...] = ())
                 f"{sorted(short_names)}")
     if not isinstance(name, (str, os.PathLike)):
         raise validation.fail(TypeError, "name", accepted, name)
+    if isinstance(name, str) and not name.strip():  # Path("") is the current folder: never what was meant
+        raise validation.fail(ValueError, "name", accepted, name)
     if revision is not None and not isinstance(revision, str):
         raise validation.fail(TypeError, "revision", "a str (a hub branch, tag or commit) or None", revision)
     path = Path(name).expanduser()
