@@ -15,6 +15,12 @@ nothing happens either. So they are not information about the text but fixed bia
 attention heads use the first token as a sink), and a quantizer must keep them without letting them set a
 per-tensor INT8 scale for everything else.
 
+Any causal LM of a known architecture is captured the same way: each source is a role (the q/k/v projection's input,
+o_proj's, gate/up's, down_proj's), named per ``config.model_type`` (:data:`ROLES`: GPT-NeoX's ``dense_4h_to_h`` is
+Llama's ``down_proj``, Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` read what q and gate read), and the blocks are
+found per architecture (:func:`labkit.runtime.capture.layer_names`); another architecture is refused, naming the
+known ones, rather than guessed.
+
 Layer 2 (runtime). Everything here goes through :func:`labkit.runtime.edit_outputs` (hooks removed on exit; the
 weights are never touched), :func:`labkit.runtime.capture` and :func:`labkit.runtime.scoring.score_text`.
 """

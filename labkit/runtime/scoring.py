@@ -2,7 +2,9 @@
 
 :func:`next_token_scores` runs the model once on a prompt and keeps the next token's logits and its top candidates
 (lab 01's real next-token distribution, what the sampling explorer's sliders act on). :func:`score_text` runs one
-forward pass per window of a long text and keeps every token's surprisal, entropy and rank.
+forward pass per window of a long text and keeps every token's surprisal, entropy and rank; its windows are 512
+tokens by default, cut to the model's context (:func:`scoring_window`: a model trained on 256 positions is never
+asked to read 512).
 
 The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.TextScore`) is the core's
 ``labkit.core.loss``; this module only runs the passes, through ``labkit.runtime`` like every model call.
@@ -144,8 +146,8 @@ def score_text(lm: Any, token_ids: torch.Tensor, window: int | None = None, stri
     """Score every token of a text (from position 1) with a causal LM, in windows (:func:`score_windows`).
 
     ``window``: tokens per pass, by default 512 cut to the model's context (:func:`scoring_window`); ``stride``:
-    targets per pass, by default ``window``. One forward pass per window; from its logits are derived the surprisal, the entropy and the rank of each
-    target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
+    targets per pass, by default ``window``. One forward pass per window; from its logits are derived the
+    surprisal, the entropy and the rank of each target, its surprisal at each of ``temperatures``, and its log-probability under each named sampling
     setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
     ``token_ids``: ``[n_tokens]``. ``lm``: a LoadedModel, a transformers causal LM or a :class:`ScoringModel`. The

@@ -20,8 +20,8 @@ logits are nearly tied could flip. The tests and lab 07 compare with plain greed
 is far from a tie (``runtime.generation.greedy_margins`` above ``core.distribution.CLEAR_MARGIN``).
 
 Left out: batches (rows would accept different numbers of drafts), tree drafts, a draft with another tokenizer
-(refused: :func:`labkit.runtime.drafters.check_same_vocabulary`). The sampling step's first tokens on fixed rows are core arithmetic
-(:func:`labkit.core.lossless.sample_first_tokens`). Layer: runtime (runs the model). Used by lab 07.
+(refused: :func:`labkit.runtime.drafters.check_same_vocabulary`). The sampling step's first tokens on fixed rows
+are core arithmetic (:func:`labkit.core.lossless.sample_first_tokens`). Layer: runtime (runs the model). Used by lab 07.
 """
 
 from __future__ import annotations
