@@ -148,7 +148,8 @@ def score_text(lm: Any, token_ids: torch.Tensor, window: int | None = None, stri
     ``window``: tokens per pass, by default 512 cut to the model's context (:func:`scoring_window`); ``stride``:
     targets per pass, by default ``window``. One forward pass per window; from its logits are derived the
     surprisal, the entropy and the rank of each target, its surprisal at each of ``temperatures``, and its
-    log-probability under each named sampling setting in ``truncations`` (keyword arguments of ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
+    log-probability under each named sampling setting in ``truncations`` (keyword arguments of
+    ``labkit.core.sampling.sampling_probs``; ``-inf`` where cut).
 
     ``token_ids``: ``[n_tokens]``. ``lm``: a LoadedModel, a transformers causal LM or a :class:`ScoringModel`. The
     statistics are computed where the model runs (``device``, default its own) and returned on the CPU.
