@@ -7,6 +7,7 @@ hub id is either made up or planted in a temporary hub cache holding its config.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,3 +294,19 @@ def test_a_mixture_of_experts_is_estimated_with_every_expert_and_its_router():
     assert sources.estimated_params(mixtral) == 46_702_792_704
     # a layout core does not count (experts every other layer): every expert's MLP on every layer, no router
     assert sources.estimated_params({**mixtral, "decoder_sparse_step": 2}) == 46_702_792_704 - 32 * 4096 * 8
+
+
+def test_a_gguf_file_is_sized_from_its_header_before_it_is_dequantized(tmp_path, monkeypatch):
+    path = _write_gguf(tmp_path / "small.gguf", "llama")
+    monkeypatch.setattr(sources, "available_memory_bytes", lambda: 16)
+    with pytest.raises(ModelUnavailableError, match=r"^small needs about 0\.0 MiB for its weights in FP32 \(0\.0M "
+                                                    r"parameters x 4 bytes, from its GGUF header\), more than the "):
+        load_model(path, progress=False)
+
+
+def test_free_memory_is_read_from_the_kernel():
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    if "MemAvailable:" not in meminfo:
+        pytest.skip("no /proc/meminfo MemAvailable on this system")
+    total = int(meminfo.split("MemTotal:")[1].split()[0]) * 1024
+    assert 0 < sources.available_memory_bytes() <= total
