@@ -236,3 +236,12 @@ def test_a_multimodal_config_is_sized_by_its_text_model_and_says_so(tmp_path):
     assert "vision or audio encoder's weights are left out" in sized.note
     # 10 full layers keep 32,768 tokens, 52 sliding ones 1,023: x 2 (K, V) x 16 heads x 128 x 2 B
     assert kv_cache_bytes(sized.spec, 1, 32768) == (10 * 32768 + 52 * 1023) * 2 * 16 * 128 * 2
+
+
+def test_latent_attention_of_a_family_not_checked_against_its_cache_is_refused():
+    # MiniCPM3 has DeepSeek's latent attention; what its transformers cache holds has not been measured here.
+    config = {**DEEPSEEK_V3, "model_type": "minicpm3"}
+    spec = ModelSpec.from_config(config, name="minicpm3-like")
+    assert spec.latent_attention and spec.n_params is None
+    with pytest.raises(ValueError, match=r"multi-latent attention of 'minicpm3': .* checked for \['deepseek_v2', "):
+        kv_cache_bytes(spec, 1, 10)

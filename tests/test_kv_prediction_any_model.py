@@ -1,6 +1,6 @@
 """The KV-cache bytes predicted from a config equal a real model's cache, byte for byte, on every test architecture.
 
-Each model of tests/any_models.py (and a small DeepSeek-V3, whose multi-latent attention caches a latent) is built
+Each model of tests/any_models.py (and small DeepSeek-V2 and V3, whose multi-latent attention caches a latent) is built
 in-process from its config with random weights, runs a prompt through ``labkit.runtime.forward.prefill`` and one
 decode step, and its cache is measured by ``labkit.runtime.cache.cache_bytes`` (the tensors' storage). The
 prediction is ``labkit.core.memory.kv_cache_bytes`` of the spec read from the model's config object and from the
@@ -22,6 +22,17 @@ from labkit.runtime.forward import decode_one_token, prefill
 
 VOCAB = 97
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def deepseek_v2_config():
+    """A three-layer DeepSeek-V2 (no query compression, two shared experts): latent 16, rotary key 8, 4 heads."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        "deepseek_v2", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=2, first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=256)
 
 
 def deepseek_v3_config():
@@ -51,8 +62,8 @@ MORE_SLIDING = {
 def build(model_type: str, kv_dtype: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if model_type == "deepseek_v3":
-        config = deepseek_v3_config()
+    if model_type.startswith("deepseek"):
+        config = deepseek_v3_config() if model_type == "deepseek_v3" else deepseek_v2_config()
     elif model_type.endswith(" (sliding)"):
         family = model_type.removesuffix(" (sliding)")
         config = AutoConfig.for_model(family, **SMALL, **MORE_SLIDING[family])
@@ -70,7 +81,8 @@ def saved_config(module, folder) -> dict:
 
 
 @pytest.mark.parametrize("kv_dtype", sorted(DTYPES))
-@pytest.mark.parametrize("model_type", [*ARCHITECTURES, "deepseek_v3", *(f"{f} (sliding)" for f in MORE_SLIDING)])
+@pytest.mark.parametrize("model_type", [*ARCHITECTURES, "deepseek_v2", "deepseek_v3",
+                                        *(f"{f} (sliding)" for f in MORE_SLIDING)])
 def test_predicted_kv_bytes_equal_the_real_cache(model_type, kv_dtype, tmp_path):
     module = build(model_type, kv_dtype)
     specs = [ModelSpec.from_config(module.config), ModelSpec.from_config(saved_config(module, tmp_path))]

@@ -110,6 +110,11 @@ def expert_param_count(config: Mapping[str, Any]) -> int | None:
     if not n_experts and not latent:
         return None
     model_type = cfg.get("model_type")
+    needed = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size"]
+    needed += ["kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"] if latent else []
+    missing = [key for key in needed if cfg.get(key) is None]
+    if missing:
+        raise ValueError(f"config of {model_type!r} has experts or latent attention but no {missing}")
     if model_type not in _COUNTED_EXPERTS or cfg.get("attention_bias") or cfg.get("moe_layer_freq", 1) != 1 \
             or cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
         raise ValueError(f"config of {model_type!r} has experts or latent attention laid out in a way labkit does not "

@@ -142,6 +142,9 @@ class ModelSpec:
                 raise ValueError(f"config has kv_lora_rank (multi-latent attention) but no {missing}")
             latent = {"kv_lora_rank": cfg["kv_lora_rank"], "qk_rope_head_dim": cfg["qk_rope_head_dim"]}
             head_dim, n_kv_heads = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], n_heads
+            if cfg.get("model_type") not in LATENT_CACHES and uncounted is None:
+                uncounted = (f"multi-latent attention of {cfg.get('model_type')!r}: what its transformers cache holds "
+                             f"is checked for {list(LATENT_CACHES)} only")
         sliding_window, n_sliding = None, 0
         if uncounted is None:
             try:
@@ -165,6 +168,11 @@ class ModelSpec:
             kv_uncounted=uncounted,
             **latent,
         )
+
+
+# Latent-attention families whose transformers cache holds the latent and the rotary key alone (modeling_deepseek_v2
+# and _v3, 5.x: cache.update(latent, rotary key); tests/test_kv_prediction_any_model.py measures both).
+LATENT_CACHES = ("deepseek_v2", "deepseek_v3")
 
 
 def _counted_params(config: Mapping[str, Any]) -> int | None:
