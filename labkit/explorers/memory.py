@@ -2,8 +2,9 @@
 
 The model is a preset, or any model sized from its config alone (``labkit.explorers.memory_models.read_model``):
 a Hugging Face Hub id (``"Qwen/Qwen3-32B"``: config.json is downloaded, a few kilobytes, never the weights) or
-the path of a config.json (offline). Sliding-window layers and multi-latent attention are counted as transformers' cache holds
-them (``labkit.core.memory.kv_cache_bytes``); what labkit cannot count is refused with the reason.
+the path of a config.json (offline). Sliding-window layers and multi-latent attention are counted as
+transformers' cache holds them (``labkit.core.memory.kv_cache_bytes``); what labkit cannot count is refused with
+the reason.
 
 ``compute`` is pure: a model and a preset GPU, the weight and KV formats, batch and context, an attention
 what-if (MHA / GQA / MQA), a tensor-parallel degree and the prefill (one pass, or chunks as vLLM and SGLang run
@@ -95,26 +96,26 @@ def _steps(spec: ModelSpec, layout: BlockLayout, b: MemoryBudget, batch_size: in
 def _kv_formula(spec: ModelSpec, batch_size: int, seq_len: int, tp: int) -> str:
     """The KV cache's product with the numbers substituted: tokens held per layer, values per token and layer."""
     if spec.latent_attention:  # one latent and one rotary key per token, every GPU holds all of it
+        kv_and = ""
         per_token = (f"(latent {spec.kv_lora_rank} + rotary key {spec.qk_rope_head_dim}, multi-latent attention"
                      f"{', on every GPU' if tp > 1 else ''}) = {kv_values_per_token(spec, tp):,}")
     else:
-        kv_heads = kv_heads_per_rank(spec, tp)
-        per_token = (f"2 x H_kv {kv_heads}{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''} x "
-                     f"d_h {spec.head_dim}")
+        kv_and = "2 x "  # K and V; written first, as eq. 8.3 does, when no layer slides
+        per_token = (f"H_kv {kv_heads_per_rank(spec, tp)}{f' (of {spec.n_kv_heads}, over {tp} GPUs)' if tp > 1 else ''}"
+                     f" x d_h {spec.head_dim}")
     if spec.n_sliding_layers == 0:
-        return f"{'' if spec.latent_attention else '2 x '}B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x " + \
-            per_token.removeprefix("2 x ")
+        return f"{kv_and}B {batch_size:,} x T {seq_len:,} x L {spec.n_layers} x {per_token}"
     full_tokens, sliding_tokens = cached_tokens(spec, seq_len)
     n_full = spec.n_layers - spec.n_sliding_layers
     tokens = (f"(L_full {n_full} x T {full_tokens:,} + L_sliding {spec.n_sliding_layers} x "
               f"min(T, window {spec.sliding_window:,} - 1) {sliding_tokens:,})")
-    return f"B {batch_size:,} x {tokens} x {per_token}"
+    return f"B {batch_size:,} x {tokens} x {kv_and}{per_token}"
 
 
 def compute(preset: str, gpu_name: str, weight_fmt: str = "bf16", kv_dtype: str = "bf16", batch_size: int = 1,
             seq_len: int = 4096, attention: str = "as built", tp: int = 1, prefill_chunk: int = 0) -> MemoryView:
     """The per-GPU budget and the reverse answers for one setting of the explorer: ``preset`` names the model (a
-    preset, a hub id or a config.json path, read once by :func:`read_model`), ``gpu_name`` the GPU preset
+    preset, a hub id or a config.json path, read once by ``memory_models.read_model``), ``gpu_name`` the GPU preset
     (``gpu`` is the README's GPUSpec, the view's ``gpu``).
 
     ``prefill_chunk``: tokens per prefill step (0: every prompt in one pass, the largest activation peak).
