@@ -251,6 +251,12 @@ def test_a_sliding_window_models_cache_can_be_cut_back_past_its_window(target, p
     assert runtime.cache_length(cache) == length + 1
 
 
+def test_lab07s_step_timings_run_on_each_architecture(target, draft, prompt_ids):
+    """The verify pass and the draft step lab 07 times: each crops a cache (past the window for a sliding model)."""
+    assert rs.decode_step_s(target, prompt_ids, n_tokens=3, repeats=1) > 0
+    assert rs.draft_step_s(target, prompt_ids, drafters.DraftModel(draft), repeats=1) > 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # A draft with another vocabulary is refused before any pass
 
