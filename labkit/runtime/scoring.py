@@ -132,11 +132,22 @@ def context_length(lm: Any) -> int | None:
 def scoring_window(lm: Any, window: int | None = None) -> int:
     """The tokens per scoring pass: ``window``, or by default :data:`WINDOW` (512) cut to the model's context
     (a model with a 256-token context gets 256-token windows). A ``window`` longer than the context is refused:
-    positions past it were never trained, and the scores would be silently wrong."""
+    positions past it were never trained, and the scores would be silently wrong.
+
+    >>> from types import SimpleNamespace
+    >>> module = torch.nn.Linear(2, 2)  # stands for a model: its config says how far it reads
+    >>> module.config = SimpleNamespace(max_position_embeddings=256)
+    >>> scoring_window(module), scoring_window(module, 128)
+    (256, 128)
+    >>> scoring_window(module, 512)
+    Traceback (most recent call last):
+    ...
+    ValueError: window must be an int in [1, 256] (at most the model's context, max_position_embeddings), got 512
+    """
     context = context_length(lm)
     if window is None:
         return WINDOW if context is None else min(WINDOW, context)
-    note = "" if context is None else f"at most the model's context, {context} tokens (max_position_embeddings)"
+    note = "" if context is None else "at most the model's context, max_position_embeddings"
     return validation.integer("window", window, min=1, max=context, note=note)
 
 
