@@ -289,6 +289,14 @@ def check_same_vocabulary(target: Any, draft: Any) -> None:
     and the first id that differs is named; a bare module carries no tokenizer, so then the vocabulary sizes
     (``config.vocab_size``) must be equal. The draft's output may be narrower than the target's (a model padded to
     a round number of rows), never wider: it could propose an id the target cannot score.
+
+    >>> from types import SimpleNamespace
+    >>> target, draft = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)  # two bare modules, no tokenizer
+    >>> target.config, draft.config = SimpleNamespace(vocab_size=100), SimpleNamespace(vocab_size=90)
+    >>> check_same_vocabulary(target, draft)
+    Traceback (most recent call last):
+    ...
+    ValueError: draft must have the target's vocabulary size, config.vocab_size 100 (no tokenizer to compare), got 90
     """
     target_tokenizer, draft_tokenizer = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
     target_size = getattr(getattr(module_of(target), "config", None), "vocab_size", None)
@@ -308,5 +316,5 @@ def check_same_vocabulary(target: Any, draft: Any) -> None:
             raise ValueError(f"draft must score at most the target's {target_size:,} token ids (config.vocab_size), "
                              f"got a draft with {draft_size:,}: it could propose an id the target cannot score")
     elif target_size is not None and draft_size is not None and target_size != draft_size:
-        raise ValueError(f"draft must have the target's vocabulary size ({target_size:,}, config.vocab_size; "
-                         f"without both tokenizers only the sizes can be compared), got {draft_size:,}")
+        raise ValueError(f"draft must have the target's vocabulary size, config.vocab_size {target_size:,} (no "
+                         f"tokenizer to compare), got {draft_size:,}")
