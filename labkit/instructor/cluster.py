@@ -136,7 +136,7 @@ class GraderPlugin(WorkerPlugin):
         except Exception as error:  # noqa: BLE001 - any failure of the checks is a refusal with its reason
             self.problem = f"its checks failed: {type(error).__name__}: {error}"
         if self.problem:
-            worker.log_event(REFUSED, {"worker": worker.address, "problem": self.problem})
+            worker.log_event(REFUSED, {"worker": worker.address, "name": str(worker.name), "problem": self.problem})
             # Leave the cluster (the nanny too, so it is not restarted), after the client had time to ask why.
             asyncio.get_running_loop().call_later(
                 2, lambda: asyncio.ensure_future(worker.close(nanny=True, reason=f"labkit: {self.problem}")))
@@ -293,7 +293,8 @@ class ClassRun:
         self.started: dict[str, tuple[float, str]] = {}  # task key -> (when it last started, on which worker)
         self.attempts: dict[str, int] = {}
         self.refused: dict[str, str] = {}
-        self.log_of_worker: Callable[[str], Any] = lambda address: None  # a batch job's log, where there is one
+        # a batch job's log, where there is one, from its worker's name (or address)
+        self.log_of_worker: Callable[[str], Any] = lambda name: None
         client.subscribe_topic(STARTED, self._on_started)
         client.subscribe_topic(REFUSED, self._on_refused)
         client.subscribe_topic(LEAVING, self._on_leaving)
@@ -306,7 +307,7 @@ class ClassRun:
     def _on_refused(self, event: tuple[float, dict[str, Any]]) -> None:
         message = event[1]
         if message["worker"] not in self.refused:
-            log = self.log_of_worker(message["worker"])
+            log = self.log_of_worker(message.get("name") or message["worker"])
             self.refused[message["worker"]] = message["problem"] + (f" (its log: {log})" if log else "")
             self.say(f"worker {message['worker']} refused to grade: {self.refused[message['worker']]}")
 

@@ -174,14 +174,17 @@ class JobWatch:
         """dask-jobqueue's error file of a job (``#SBATCH -e DIR/NAME-%J.err``)."""
         return Path(job.log_directory) / f"{job.job_name or 'worker'}-{job.job_id}.err"
 
-    def log_of_worker(self, address: str) -> Path | None:
-        """The error file of the job whose worker is at ``address``, if that worker is one of this cluster's."""
-        try:
-            workers = self.cluster.scheduler_info["workers"]
-        except (AttributeError, KeyError, TypeError):
-            return None
-        name = str(workers.get(address, {}).get("name", ""))
-        job = self.cluster.workers.get(name)
+    def log_of_worker(self, worker: str) -> Path | None:
+        """The error file of the job whose worker is named (or, failing that, at the address) ``worker``, if that
+        worker is one of this cluster's. The name comes with the worker's own message: the cluster's copy of the
+        scheduler's worker list may not hold a worker that has only just joined (it did not, under load)."""
+        job = self.cluster.workers.get(worker)
+        if job is None:
+            try:
+                workers = self.cluster.scheduler_info["workers"]
+            except (AttributeError, KeyError, TypeError):
+                return None
+            job = self.cluster.workers.get(str(workers.get(worker, {}).get("name", "")))
         return self.log_of(job) if job is not None and getattr(job, "job_id", None) else None
 
     def new_reasons(self, joined_names: set[str]) -> list[str]:
