@@ -327,3 +327,31 @@ def test_the_sampling_and_outlier_explorers_open_on_a_base_model_of_another_arch
     visualizer = outlier_explorer.outlier_explorer(lm, prompt=PROMPT)
     assert visualizer.layer.max == 1 and visualizer.layer.value == 1  # the default layer 15 held to the last
     assert visualizer.view.tensor.layer == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lab 06's measurements: batching, decode steps at two contexts, the step profile, the roofline's bytes
+
+
+def test_lab06s_measurements_run_on_each_architecture(target, prompt_ids):
+    from labkit.core.roofline import step_cost
+    from labkit.runtime import sweeps
+    from labkit.runtime.step_profile import profile_decode
+
+    prompts = prompt_ids.repeat(2, 1)  # [2, prompt_len]: two copies of one prompt, one length
+    points = sweeps.batching_sweep(target, prompts, (1, 2), 3, repeats=1, threads=1)
+    assert [p.batch_size for p in points] == [1, 2] and all(p.same_as_alone for p in points)
+    long_ids = target.text_ids(LONG_TEXT)[:, :40]
+    sweep = sweeps.decode_sweep(target, long_ids, [(1, 12), (2, 24)], steps=2, warmup=1, threads=1)
+    assert [(p.batch_size, p.context_len) for p in sweep.points] == [(1, 12), (2, 24)]
+    assert all(len(p.step_s) == 2 and min(p.step_s) > 0 for p in sweep.points)
+    # each timed step starts after the warm-up step: one more cached token than the point's context, then two
+    assert sweep.point(2, 24).step_contexts == (25, 26)
+    profile = profile_decode(target, prompt_ids, steps=2, threads=1)
+    assert profile.matmul_s > 0 and profile.other_s > 0
+    # the roofline's decode bytes from the spec against the module's own weights (all but the input embedding, of
+    # which a step reads one row): the spec counts Llama's matrices and norms, and the biases and norms of the other
+    # families differ by under 1 % at this size (GPT-NeoX most: 0.5 %), less on a real model's wider matrices
+    module = target.model
+    read = sum(p.numel() * 4 for p in module.parameters()) - module.get_input_embeddings().weight.numel() * 4
+    assert step_cost(target.spec, 1, 8).weight_bytes == pytest.approx(read, rel=0.01)

@@ -213,7 +213,8 @@ def cached_commit(source: ModelSource) -> str | None:
     return Path(found).parent.name if isinstance(found, str) else None
 
 
-# GGUF value types (the GGUF specification, ggml's docs/gguf.md): fixed sizes, 8 = string, 9 = array
+# GGUF value types (the specification: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md): fixed sizes,
+# 8 = string, 9 = array
 _GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 

@@ -15,7 +15,8 @@ import torch
 from labkit.core import validation
 from labkit.core.latency_model import LatencyFit, fit_latency
 from labkit.core.timing import spread
-from labkit.runtime import copy_cache, crop, decode_one_token, prefill, synchronize
+from labkit.runtime import copy_cache, crop, decode_one_token, forward, prefill, synchronize
+from labkit.runtime.drafters import rollback_cache
 from labkit.runtime.forward import model_device
 from labkit.runtime.generation import generate
 from labkit.runtime.probes import bandwidth_probe
@@ -167,7 +168,8 @@ def decode_sweep(lm: Any, token_ids: torch.Tensor, pairs: Sequence[tuple[int, in
     with held_threads(threads) as held:
         prefill(lm, token_ids[:, :8])  # warm-up of the prefill path
         started = time.perf_counter()
-        _, base = prefill(lm, token_ids[:, :longest])
+        # a model whose attention slides keeps its whole prefix on this cache, so it can be cut back to any context
+        _, base = forward(lm, token_ids[:, :longest], rollback_cache(lm))
         synchronize(device)
         prefill_s = time.perf_counter() - started
         caches, tokens = [], []
