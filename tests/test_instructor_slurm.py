@@ -113,8 +113,13 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
         expected[f"l{i}"] = "2" if right else "0"
     client, client_log = _client(tmp_path, folder, out, slurm)
     try:
-        _wait(lambda: _stored(out) >= 1 and len(our_jobs("RUNNING")) == 2, "a first submission graded", client,
-              client_log)
+        def both_busy() -> bool:  # two submissions started and not stored: each job's worker holds one
+            in_flight = len(log.read_text().splitlines()) - _stored(out) if log.exists() else 0
+            return _stored(out) >= 1 and in_flight >= 2 and len(our_jobs("RUNNING")) == 2
+
+        # (a job RUNNING is not yet a worker that joined: on a loaded machine one worker once graded all eight
+        # while the other job was still starting)
+        _wait(both_busy, "both workers mid-submission after a first one graded", client, client_log)
         started = log.read_text().splitlines()
         # Both workers are mid-submission (3 s each, more queued than workers): one job cancelled, by its id.
         subprocess.run(["scancel", our_jobs("RUNNING")[0]], check=True)
