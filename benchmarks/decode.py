@@ -215,10 +215,10 @@ def _compiled_child(weights: str, threads: int) -> None:
     started = time.perf_counter()
     measure.timed_generation(compiled, ids, 8, threads=threads)
     first_s = time.perf_counter() - started
-    medians, tokens = {}, {}
-    for name, engine in (("eager", eager), ("compiled", compiled)):
+    for name, engine in (("eager", eager), ("compiled", compiled)):  # warm-up
         measure.timed_generation(engine, ids, 4, threads=threads)
     times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    tokens: dict[str, torch.Tensor] = {}
     for _ in range(REPEATS):
         for name, engine in (("eager", eager), ("compiled", compiled)):
             run = measure.timed_generation(engine, ids, NEW_TOKENS, threads=threads)

@@ -15,8 +15,8 @@
   draft whose token ids mean other tokens is refused with the first token that differs.
 
 A model whose attention slides over a window (Mistral, Gemma 2) drops keys older than the window, and transformers'
-cache then cannot be cut back past a rejected draft; :func:`rollback_cache` gives such a model a cache that keeps
-them until it is cropped (what transformers' assisted generation does).
+cache then cannot be cut back past a rejected draft; :func:`labkit.runtime.forward.rollback_cache` gives such a
+model a cache that keeps them until it is cropped (what transformers' assisted generation does).
 
 The loop that verifies their drafts is :func:`labkit.runtime.speculative.speculative_generate`. Layer: runtime
 (runs the model). Used by lab 07.
@@ -25,8 +25,6 @@ The loop that verifies their drafts is :func:`labkit.runtime.speculative.specula
 from __future__ import annotations
 
 import copy
-import inspect
-import sys
 from typing import Any, Sequence
 
 import torch
@@ -35,6 +33,7 @@ from labkit.core import sampling, validation
 from labkit.core.speculative import draw
 from labkit.runtime import crop, forward, module_of
 from labkit.runtime.capture import layer_names
+from labkit.runtime.forward import rollback_cache
 from labkit.runtime.llama import current_forward, early_exit
 
 
@@ -163,30 +162,6 @@ def truncated_model(lm: Any, n_layers: int) -> torch.nn.Module:
 
 def _has_config(module: torch.nn.Module) -> bool:
     return getattr(module, "config", None) is not None
-
-
-def rollback_cache(lm: Any) -> Any:
-    """An empty transformers cache that can be cut back past a sliding window, for a model whose attention slides
-    (Mistral, Gemma 2); None for any other model (its first pass makes its own cache, as before).
-
-    A sliding layer keeps only its last ``sliding_window - 1`` keys, so rejected drafts past the window could not be
-    cropped away; with past recording on (transformers' ``activate_past_recording``, what its assisted generation
-    turns on) it keeps them until the next crop.
-    """
-    module = module_of(lm)
-    transformers = sys.modules.get("transformers")
-    if transformers is None or not isinstance(module, transformers.PreTrainedModel):
-        return None  # labkit's own decoder, or a module that brings its own cache
-    from transformers import DynamicCache
-
-    if "config" not in inspect.signature(DynamicCache).parameters:  # 4.46: no sliding layers in the cache
-        return None
-    cache = DynamicCache(config=module.config)
-    if not hasattr(cache, "activate_past_recording") or not any(
-            getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ())):
-        return None
-    cache.activate_past_recording()
-    return cache
 
 
 class _ModelDrafter(Drafter):

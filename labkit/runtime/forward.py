@@ -116,6 +116,22 @@ def _new_cache(module: torch.nn.Module) -> Any:
     return DynamicCache(config=config) if takes_config else DynamicCache()
 
 
+def rollback_cache(lm: Any) -> Any:
+    """An empty transformers cache that can be cut back past a sliding window, for a model whose attention slides
+    (Mistral, Gemma 2); None for any other model (its first pass makes its own cache, as before).
+
+    A sliding layer keeps only its last ``sliding_window - 1`` keys, so rejected drafts past the window could not be
+    cropped away; with past recording on (transformers' ``activate_past_recording``, what its assisted generation
+    turns on) it keeps them until the next crop. 4.46's cache has no sliding layers: None there too.
+    """
+    cache = _new_cache(module_of(lm))  # None for labkit's own decoder or a module that brings its own cache
+    if cache is None or not hasattr(cache, "activate_past_recording") or not any(
+            getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", ())):
+        return None
+    cache.activate_past_recording()
+    return cache
+
+
 def _output_cache(output: Any) -> Any:
     for key in ("cache", "past_key_values"):  # renamed in transformers 5
         value = output.get(key) if isinstance(output, Mapping) else getattr(output, key, None)

@@ -11,7 +11,7 @@ every pass goes through ``runtime.forward``.
 Drafters (prompt lookup, early exit, a separate draft model with the target's tokenizer; what the loop asks of one is
 declared by :class:`labkit.runtime.drafters.Drafter`) live in :mod:`labkit.runtime.drafters`. Any causal LM runs as
 the target (labkit's own forward for a plain Llama, transformers' for the others); a model whose attention slides
-over a window gets a cache that can be cut back past it (:func:`labkit.runtime.drafters.rollback_cache`).
+over a window gets a cache that can be cut back past it (:func:`labkit.runtime.forward.rollback_cache`).
 
 Greedy output equals plain greedy decoding token for token whatever the drafter (the draft only decides how many
 tokens one pass yields), with one caveat, measured rather than assumed: the target scores a block of k + 1 tokens in
@@ -35,7 +35,8 @@ import torch
 from labkit.core import sampling, validation
 from labkit.core.speculative import draw, greedy_accept, speculative_step
 from labkit.runtime import crop, forward, model_device, module_of, synchronize, verify
-from labkit.runtime.drafters import Drafter, rollback_cache, truncated_model
+from labkit.runtime.drafters import Drafter, truncated_model
+from labkit.runtime.forward import rollback_cache
 
 # ---------------------------------------------------------------------------------------------------------------
 # The loop

@@ -16,7 +16,7 @@ from labkit.core import validation
 from labkit.core.latency_model import LatencyFit, fit_latency
 from labkit.core.timing import spread
 from labkit.runtime import copy_cache, crop, decode_one_token, forward, prefill, synchronize
-from labkit.runtime.drafters import rollback_cache
+from labkit.runtime.forward import rollback_cache
 from labkit.runtime.forward import model_device
 from labkit.runtime.generation import generate
 from labkit.runtime.probes import bandwidth_probe
