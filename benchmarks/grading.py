@@ -246,12 +246,10 @@ def corpus_class(labs: list[str] | None = None, workers: int = 2) -> None:
         print(f"  {line}")
 
 
-def main() -> None:
+def main(corpus: bool = False) -> None:
     """``LABKIT_BENCH_SUBMISSIONS`` (default 2000) simulated, ``LABKIT_BENCH_REAL`` (default 4, 0 to skip) real;
-    with ``--corpus`` on the command line, the honest corpus only."""
-    import sys
-
-    if "--corpus" in sys.argv:
+    with ``corpus`` (``python -m benchmarks grading --corpus``), the honest corpus only."""
+    if corpus:
         corpus_class(os.environ.get("LABKIT_BENCH_CORPUS_LABS", "").split() or None)
         return
     simulated_class(int(os.environ.get("LABKIT_BENCH_SUBMISSIONS", "2000")))
@@ -260,4 +258,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(corpus="--corpus" in sys.argv)
