@@ -65,9 +65,10 @@ def notebook_threads(path: Path) -> str | None:
     return "1" if path.parent.name == "solutions" else _INHERITED_THREADS
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     # nbval starts a notebook's kernel while setting up its first cell, with this process's environment.
+    dear = {}
     if item.path.suffix == ".ipynb":
         threads = notebook_threads(item.path)
         if threads is None:
@@ -76,6 +77,17 @@ def pytest_runtest_setup(item):
             os.environ["OMP_NUM_THREADS"] = threads
         if threads != "1" and IN_WORKER:  # beside the other workers, idle OpenMP threads sleep (browser_harness)
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # A light lab's solution kernel computes with the dear part of the second kernel set too (too slow for the
+        # suite's processes and the heavy labs: tests/cpu_profiles.py); in this process's environment only while
+        # the kernel starts.
+        dear = cpu_profiles.notebook_environment(dict(os.environ), item.path)
+    saved = {name: os.environ.get(name) for name in dear}
+    os.environ.update(dear)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 @pytest.fixture(scope="session")
