@@ -17,7 +17,7 @@ import torch
 from alignment import assert_clear_greedy_choices, logits_atol, misaligned_model
 from toys import random_token_ids, tiny_llama
 from labkit import runtime
-from labkit.runtime import llama
+from labkit.runtime import llama, weight_formats
 from labkit.runtime.generation import generate
 from labkit.runtime.kv_cache import KVCache
 
@@ -210,8 +210,12 @@ def test_each_format_stays_within_its_stated_distance_of_fp32(embedded, eval_ids
         ours = runtime.full_logits(variant, prompt_ids)
         assert (ours - reference).abs().max() <= relative * reference.abs().max()
         assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= agreement
-    base = score_text(embedded, eval_ids, window=512, stride=256, progress=False)
-    score = score_text(variant, eval_ids, window=512, stride=256, progress=False)
+    # Without oneDNN's packed bfloat16 matmul (an AVX2-only processor, or the suite's second kernel set limiting oneDNN
+    # to AVX2) every BF16 product goes through torch's plain bfloat16 matmul: two windows took 50 s on a 2-core AMD
+    # EPYC (79 s on an AVX2-only one). One window of 512 tokens then, the same bounds.
+    scored = eval_ids[:512] if weights == "bf16" and weight_formats.bf16_fallback_reason() else eval_ids
+    base = score_text(embedded, scored, window=512, stride=256, progress=False)
+    score = score_text(variant, scored, window=512, stride=256, progress=False)
     change = math.exp(score.mean_nll() - base.mean_nll()) - 1
     assert abs(change) <= perplexity, change
     assert variant.model.weight_bytes < llama.decoder(embedded, "fp32").model.weight_bytes / {
