@@ -56,7 +56,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanit
 # there is no Chromium (the browser test skips) nbval runs them as before.
 # The suite and the solution notebooks' kernels compute as the next processor down from this one (tests/cpu_profiles.py;
 # the browser's learner copies natively): every checked output proven on two kernel sets. CPU_PROFILE=native: not.
-TEST_ALL_JOBS ?= 4
+TEST_ALL_JOBS ?= 3
 CPU_PROFILE ?= foreign
 test: setup chromium
 	$(PY) -c "from labkit.runtime.models import load_model; load_model()"

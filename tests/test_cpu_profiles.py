@@ -55,7 +55,7 @@ def test_apply_sets_only_what_the_caller_left_unset_and_native_environment_takes
     described = cpu_profiles.apply(environ)
     assert environ["MKL_ENABLE_INSTRUCTIONS"] == "SSE4_2" and environ["ATEN_CPU_CAPABILITY"] == "avx2"
     assert "MKL_CBWR" not in environ  # dear: the light labs' solution kernels only
-    light, heavy = Path("notebooks/solutions/03_number_formats.ipynb"), Path("notebooks/solutions/04_outliers.ipynb")
+    light, heavy = Path("notebooks/solutions/03_number_formats.ipynb"), Path("notebooks/solutions/04_outliers_quantization.ipynb")
     assert cpu_profiles.notebook_environment(environ, light) == {"MKL_CBWR": "COMPATIBLE"}
     assert cpu_profiles.notebook_environment(environ, heavy) == {}
     assert cpu_profiles.notebook_environment(environ, Path("notebooks/03_number_formats.ipynb")) == {}  # learner copy

@@ -229,20 +229,22 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
         with tqdm(total=len(todo), unit="submission", disable=not bar, dynamic_ncols=True) as meter:
             write = meter.write if bar else say
             run = ClassRun(client, options, deadline_s=_deadline_s(options), say=write)
+            watch = None
+            if plan is not None:  # before the plugin: a worker may refuse (naming its job's log) as soon as it has it
+                from labkit.instructor.jobqueue import JobWatch
+
+                watch = JobWatch(client.cluster, plan.kind)
+                run.log_of_worker = watch.log_of_worker
             client.register_plugin(GraderPlugin(expected, options["isolate"], secret_identity(secret),
                                                 leave_after_s=plan.leave_after_s if plan else None,
                                                 **secret_option), name=PLUGIN)
             try:
                 if dashboard and client.dashboard_link:
                     write(f"Dask dashboard: {client.dashboard_link}")
-                if plan is None:
+                if plan is None or watch is None:
                     workers = run.usable_workers()
                 else:  # a batch queue may hold the jobs a while; a job that fails says why within the wait
-                    from labkit.instructor.jobqueue import JobWatch
-
                     write(f"{plan.kind}: waiting up to {JOB_WAIT_S // 60} minutes for a job's worker to join")
-                    watch = JobWatch(client.cluster, plan.kind)
-                    run.log_of_worker = watch.log_of_worker
                     workers = run.usable_workers(JOB_WAIT_S, watch=watch, jobs=plan.jobs)
                 learners = _learners_by_key(entries)
 
