@@ -104,7 +104,7 @@ def test_the_choice_moves_every_family_it_names_and_an_avx2_host_gets_one_too():
         native = {**cpu_profiles.native_environment(dict(os.environ)), **cpu_profiles.HOST_VARIABLES.get(host, {})}
         if host == cpu_profiles.native_capability():
             native = {name: value for name, value in native.items() if name not in cpu_profiles.PROFILE_VARIABLES}
-        choice = cpu_profiles.choose(host, native)
+        choice = cpu_profiles.chosen(host, native)  # measured by cpu_profiles.choose, once per machine
         if host == "other" and len(choice["unchanged_light"]) == len(cpu_profiles.FAMILIES):
             pytest.skip("no kernel variable moves any library's kernels on this processor: its runs are native")
         at_home = cpu_profiles.digests(native)
