@@ -161,10 +161,10 @@ def host_label(cpuinfo: str | None = None) -> str:
     return {"AVX2": "AVX2 only", "other": f"other ({platform.machine()})"}[native]
 
 
-def digests(environ: dict[str, str], cwd: str | Path | None = None) -> dict[str, str]:
+def digests(environ: dict[str, str]) -> dict[str, str]:
     """family -> the digest of its operators' bits, computed by :data:`PROBE` in a fresh process with ``environ``
     (one thread)."""
-    run = subprocess.run([sys.executable, "-c", PROBE], env={**environ, "OMP_NUM_THREADS": "1"}, cwd=cwd,
+    run = subprocess.run([sys.executable, "-c", PROBE], env={**environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
     if run.returncode != 0:
         raise RuntimeError(f"the kernel probe failed under {describe_variables(environ)}: {run.stderr[-2000:]}")
@@ -211,7 +211,7 @@ def _choice_file(host: str, native: dict[str, str]) -> Path:
 
 
 def chosen(host: str, native: dict[str, str]) -> dict:
-    """:func:`choose`'s answer, measured once and kept (a fresh clone measures it in about ten seconds)."""
+    """:func:`choose`'s answer, measured once per virtual environment and kept there."""
     path = _choice_file(host, native)
     try:
         return json.loads(path.read_text())
