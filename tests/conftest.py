@@ -126,7 +126,7 @@ EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "
 SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading_course.py",
         "tests/test_instructor_grading.py", "tests/test_reveals.py",
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
-        "tests/test_instructor_slurm.py",
+        "tests/test_instructor_slurm.py", "tests/test_release.py::test_labkit_installs_from_a_clone_at_the_named_ref",
         "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
         "tests/test_packaging.py::test_lab_command_serves_the_notebooks_on_localhost", "tests/test_browser.py",
         "tests/test_runtime_quantize_perplexity.py", "tests/test_cpu_profiles.py",
