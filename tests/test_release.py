@@ -110,6 +110,10 @@ def test_labkit_installs_from_a_clone_at_the_named_ref(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
+    # Colab's pip is recent; the 23.2 that venv brings here rejects a file:// address in a "name @ url" requirement.
+    upgrade = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip>=24"],
+                             capture_output=True, text=True)
+    assert upgrade.returncode == 0, upgrade.stderr[-2000:]
     install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps",
                               f"labkit @ git+file://{clone}@{ref}"], capture_output=True, text=True)
     assert install.returncode == 0, install.stderr[-2000:]
