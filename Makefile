@@ -21,7 +21,7 @@ setup: $(STAMP) bubblewrap slurm
 # run as root; otherwise the grader's tests say how to install it and the grader refuses to run without it.
 bubblewrap:
 	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
-	  apt-get install -y -qq bubblewrap; else echo "labkit grade needs bubblewrap: sudo apt-get install bubblewrap"; fi; }
+	  apt-get install -y -qq bubblewrap libseccomp2; else echo "labkit grade needs bubblewrap: sudo apt-get install bubblewrap libseccomp2"; fi; }
 
 # `labkit grade --cluster slurm` is tested on a real single-node SLURM that tests/test_instructor_slurm.py brings up
 # in a temporary folder (Debian's slurm-wlm and munge: installed here when missing and run as root; otherwise that

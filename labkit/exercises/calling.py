@@ -44,7 +44,7 @@ _LIBRARY_DIRS = tuple(os.path.normcase(os.path.abspath(path)) for path in {
 _LABKIT_NAMES: dict[CodeType, str | None] = {}  # code object -> "labkit.module.qualname", None when not labkit's
 
 
-def _labkit_name(code: CodeType) -> str | None:
+def labkit_name(code: CodeType) -> str | None:
     """``labkit.core.sampling.top_k_filter`` for code that lives in the labkit package (not the checker itself)."""
     if code in _LABKIT_NAMES:
         return _LABKIT_NAMES[code]
@@ -104,11 +104,6 @@ def _snapshot(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-# The grader's own code that runs while a learner's function runs (labkit.instructor.watch): OPAQUE, the audit
-# hook the interpreter calls on the learner's events (the tripwire does not look inside, as for an allowed helper).
-OPAQUE: set[Any] = set()
-
-
 def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str, Any], None]:
     """A profile hook that names the first labkit function (or forbidden torch function) the learner's code calls.
 
@@ -128,12 +123,12 @@ def _tripwire(exercise: Exercise, outcome: Outcome) -> Callable[[FrameType, str,
             if inside_allowed or outcome.called_forbidden:
                 return
             code = frame.f_code
-            if code in allowed or code in OPAQUE:
+            if code in allowed:
                 inside_allowed.append(frame)
             elif code in forbidden:
                 outcome.called_forbidden = forbidden[code]
             else:
-                outcome.called_forbidden = _labkit_name(code)
+                outcome.called_forbidden = labkit_name(code)
         elif event == "return":
             if inside_allowed and frame is inside_allowed[-1]:
                 inside_allowed.pop()

@@ -32,6 +32,9 @@ import types
 from typing import Any, Callable, Iterator
 
 ANSWER_EVENT = "labkit.answer"
+PREPARE_EVENT = "labkit.answer.next"  # the next event is the answering one: the hook may be traced for it
+# The worker's last cell: it starts the step.
+ANSWER_CELL = f"import sys as _sys\n_sys.audit({PREPARE_EVENT!r})\n_sys.audit({ANSWER_EVENT!r})"
 KEY_BYTES = 32
 MAX_CASES_BYTES = 256 * 2**20
 _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "f_code", "gi_frame", "gi_code",
@@ -39,6 +42,11 @@ _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "
 _ALWAYS = frozenset({"code.__new__", "function.__new__", "marshal.loads", "marshal.load", "gc.get_objects",
                      "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "sys.setprofile", "sys.settrace",
                      "object.__getattr__", "object.__setattr__", "object.__delattr__", "open"})
+# Judged on the whole stack: a library's frame launders nothing. (Not marshal: every import loads compiled code
+# under the importing cell's frame; a copy it could load is found at the step by its file, line and name.)
+_BUILDS = frozenset({"code.__new__", "function.__new__", "object.__setattr__", "object.__delattr__"})
+_TRACE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
+_CLONE_THREAD = 0x00010000
 _IN_STEP = frozenset({"sys._getframe", "sys._current_frames", "os.fork", "os.forkpty", "os.system", "os.exec",
                       "os.posix_spawn", "os.spawn", "subprocess.Popen", "os.kill", "os.killpg"})
 _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a function from a code object",
@@ -49,27 +57,37 @@ _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a f
          "(sys.setprofile)", "sys.settrace": "sets a trace function (sys.settrace)", "open": "opens a process's "
          "memory", "sys._getframe": "reaches into the grader's frames", "sys._current_frames": "reaches into the "
          "grader's frames"}
-_TRIPWIRE = compile("def tripwire(*args, **kwargs):\n    raise 'LABKIT_DISARMED'\n", "<labkit grade>",
-                    "exec").co_consts[0]
+
+
+def prologue(fd: int, lab: str) -> str:
+    """The worker's first cell: :func:`install` on the kernel's end of the socket ``fd``, for ``lab``."""
+    return f"import labkit.instructor.watch as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\ndel _labkit_watch"
 
 
 def install(fd: int, lab: str) -> None:
     """Bind the answering step and add the audit hook (the worker's first cell, before any learner code)."""
+    import gc
     import json
     import linecache
     import os
     import sys
     import sysconfig
+    import threading
+    import time
 
     import labkit
     from labkit.exercises import calling, exercises
+    from labkit.exercises.deadline import Deadline, is_checker_code as checker
     from labkit.instructor import wire
 
     key = wire.read_frame(fd, KEY_BYTES, timeout_s=60)
-    getframe = sys._getframe
+    getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
     library = tuple(os.path.abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
-    state: dict[str, Any] = {"busy": False, "step": False, "refused": []}
+    # "call": (when the learner's function started, its time limit), read from the checker's own frame when it
+    # switches its tripwire on; "bottom": the step's frame, below which nothing is the learner's.
+    state: dict[str, Any] = {"busy": False, "step": False, "refused": [], "call": None, "bottom": None,
+                             "next_traced": False}
     known: dict[str, bool] = {}
     try:
         from IPython import get_ipython
@@ -79,50 +97,98 @@ def install(fd: int, lab: str) -> None:
         shell = None
     kit = Kit(exercises(lab))  # the exercises and their functions to disarm, bound before any learner code
     setters = {calling.call_safely.__code__}
+    deadline_code = {Deadline._on_alarm.__code__, Deadline.arm_trace.__code__, Deadline.stop.__code__}
+    processes_filter = no_new_processes()  # built now (libseccomp is found by running ldconfig), loaded at the step
+    main_thread = get_ident()
 
-    def is_library(filename: str) -> bool:
+    def is_library(filename: Any) -> bool:
+        if type(filename) is not str:
+            return False
         found = known.get(filename)
         if found is None:
             found = known[filename] = filename.startswith("<frozen ") or os.path.abspath(filename).startswith(library)
         return found
 
-    def refuse(what: str, frame: Any) -> None:
+    def learner_below(frame: Any) -> Any:
+        """The first frame of the learner's on the stack from ``frame`` down (to the step's own frame while the
+        step runs): a library frame that does what the learner asked is the learner's doing."""
+        bottom = state["bottom"]
+        while frame is not None and frame is not bottom:
+            if not is_library(frame.f_code.co_filename):
+                return frame
+            frame = frame.f_back
+        return None
+
+    def refuse(what: str, frame: Any, record: bool = True) -> None:
         text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() if frame is not None else ""
-        if len(state["refused"]) < 20:
+        if record and len(state["refused"]) < 20:
             state["refused"].append({"what": what, "line": getattr(frame, "f_lineno", 0), "text": text[:200]})
         raise PermissionError(f"labkit grade: a graded notebook may not do this: {what}")
 
+    def past_its_limit() -> bool:
+        """Whether the learner's function now answering has run past its time limit, by the hook's own clock."""
+        call = state["call"]
+        return call is not None and monotonic() - call[0] >= call[1]
+
     def hook(event: str, args: tuple) -> None:
+        if event == PREPARE_EVENT:  # honoured only where the worker raises it: the main thread, nothing tracing
+            state["next_traced"] = (get_ident() == main_thread and sys.gettrace() is None and
+                                    sys.getprofile() is None)
+            return
         if event == ANSWER_EVENT:
+            state["next_traced"] = False
             if not state["step"]:
                 step()
             return
+        state["next_traced"] = False
         if state["busy"] or not (event in _ALWAYS or event in _IN_STEP or event.startswith("ctypes.")):
             return
-        state["busy"] = True
+        state["busy"] = True  # nothing below calls a method of a learner's object: only exact types are read
         try:
-            frame = getframe(1)
-            learner = not is_library(frame.f_code.co_filename)
-            if event.startswith("object.") and (len(args) < 2 or args[1] not in _ATTRIBUTES):
+            frame = getframe(2)  # below this function and _Traceable's call
+            if event.startswith("object.") and (len(args) < 2 or type(args[1]) is not str or
+                                                args[1] not in _ATTRIBUTES):
                 return
             if event == "open" and not _process_memory(args[0] if args else None):
                 return
-            if event == "sys.setprofile" and state["step"] and frame.f_code not in setters:
-                refuse(_WHAT[event], frame)  # also through a library (cProfile) while the checker's tripwire runs
-            if event in _IN_STEP:
-                if state["step"] and (learner or not event.startswith("sys.")):
-                    refuse(_WHAT.get(event, f"starts or signals a process ({event})"), frame)
+            culprit = frame if not is_library(frame.f_code.co_filename) else None
+            if event in _BUILDS or (state["step"] and event not in _TRACE_EVENTS and not checker(frame.f_code)):
+                culprit = learner_below(frame)  # never laundered through a library's frame
+            if event in _TRACE_EVENTS:
+                if frame.f_code in setters and event == "sys.setprofile" and state["step"]:
+                    # The checker switching its tripwire: on as the learner's function starts, off as it ends.
+                    watch = frame.f_locals.get("deadline")
+                    state["call"] = None if state["call"] else (monotonic(), float(getattr(watch, "limit_s", 0)))
+                    return
+                if frame.f_code in deadline_code:
+                    return  # the time limit arming or ending its own trace
+                culprit = culprit or learner_below(frame)  # pdb or bdb started by the learner's line
+                if culprit is not None:
+                    # A function past its limit: the interpreter dropping the time limit's trace after it raised
+                    # (the learner's frame on top). Refused, so the limit stays armed, but it accuses nobody.
+                    refuse(_WHAT[event], culprit, record=not (state["step"] and past_its_limit()))
                 return
-            if learner:
+            if event in _IN_STEP:
+                if state["step"] and (culprit is not None or not event.startswith("sys.")):
+                    refuse(_WHAT.get(event, f"starts or signals a process ({event})"), culprit or frame)
+                return
+            if culprit is not None:
                 refuse(_WHAT.get(event) or (f"reads {args[1]}" if event.startswith("object.") else
-                                            f"uses ctypes ({event})"), frame)
+                                            f"uses ctypes ({event})"), culprit)
         finally:
             state["busy"] = False
 
     def step() -> None:
-        state["step"] = True
+        state["step"], state["bottom"] = True, getframe(0)
         try:
             os.set_blocking(fd, True)  # however a learner cell left it
+            processes_filter.load()  # from here on the kernel itself refuses a new process or program
+            state["busy"] = True  # the grader's own search: nothing in it is the learner's
+            try:
+                functions = [item for item in gc.get_objects() if type(item) is types.FunctionType]
+            finally:
+                state["busy"] = False
+            kit.find_copies(functions)
             wire.send_frame(fd, wire.sign(key, b"go"))
             plan = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
             payload = {"answers": answer_plan(shell.user_ns if shell is not None else {}, plan, kit)}
@@ -133,48 +199,91 @@ def install(fd: int, lab: str) -> None:
         payload["refused"] = state["refused"]
         wire.send_frame(fd, wire.sign(key, json.dumps(payload).encode()))
 
-    # CPython suspends profiling and tracing inside audit hooks unless the hook says it may be traced: without
-    # this the step (which runs inside the hook) would call the learner's functions without the checker's
-    # tripwire or time limit.
-    hook.__cantrace__ = True
-    calling.OPAQUE.add(hook.__code__)  # the checker's tripwire does not look inside the grader's own hook
-    sys.addaudithook(hook)
+    # CPython runs audit hooks untraced unless the hook says it may be traced (``__cantrace__``, read at every
+    # event). The step runs inside the hook and must be traced (the checker's time limit and tripwire), so the
+    # hook is traceable only for the event after the worker's PREPARE_EVENT, its answering event; every other
+    # event, the step's own included, runs untraced: the checker's tripwire never sees the grader's code.
+    sys.addaudithook(_Traceable(hook, state))
+
+
+class _Traceable:
+    """The audit hook, traceable only when ``state["next_traced"]`` says the next event is the answering one."""
+
+    def __init__(self, hook: Callable[[str, tuple], None], state: dict[str, Any]) -> None:
+        self._hook, self._state = hook, state
+
+    def __call__(self, event: str, args: tuple) -> None:
+        self._hook(event, args)
+
+    @property
+    def __cantrace__(self) -> bool:
+        return self._state["next_traced"] is True
+
+
+def no_new_processes() -> Any:
+    """A seccomp filter which, once its ``load()`` is called, keeps every thread of this process from starting a
+    process or running a program: the kernel refuses ``fork``,
+    ``vfork``, ``clone`` of a process, ``clone3`` and ``execve`` (a seccomp filter on every thread, libseccomp's,
+    that cannot be removed). ``_posixsubprocess``, ``multiprocessing`` and ``os.posix_spawn`` raise
+    ``PermissionError``. New threads stay allowed: torch's OpenMP may start its pool during the step, and libgomp
+    aborts the process when it cannot (what a new thread can reach is disarmed all the same)."""
+    import errno
+
+    import pyseccomp as seccomp
+
+    rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
+    rules.set_attr(seccomp.Attr.CTL_TSYNC, 1)  # every thread of the process, not only this one
+    for name in ("fork", "vfork", "execve", "execveat"):
+        rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_THREAD, 0))
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: the C library falls back
+    return rules
 
 
 def _process_memory(path: Any) -> bool:
-    text = path.decode(errors="replace") if isinstance(path, bytes) else path if isinstance(path, str) else ""
+    text = path.decode(errors="replace") if type(path) is bytes else path if type(path) is str else ""
     return text.startswith("/proc/") and text.rsplit("/", 1)[-1] in ("mem", "environ", "maps", "pagemap")
 
 
 class Kit:
-    """What the answering step uses, bound once: the exercises by id, each one's functions to disarm with their
-    own code, and the checker's call (a learner cell that replaces a module's name later changes nothing here)."""
+    """What the answering step uses, bound once: the exercises by id, the labkit code each may not reach, and the
+    checker's call (a learner cell that replaces a module's name later changes nothing here). At the step,
+    :meth:`find_copies` finds every function object running that code, copies included."""
 
     def __init__(self, chosen: list[Any]) -> None:
         from labkit.exercises.calling import FLOOD_CHARS, call_safely, plain
         from labkit.exercises.definitions import Case
         from labkit.instructor import wire
+        from labkit.instructor.reach import forbidden_codes
 
         self.exercises = {exercise.id: exercise for exercise in chosen}
-        self.targets = {exercise.id: disarm_targets(exercise) for exercise in chosen}
+        self.forbidden = {exercise.id: forbidden_codes(exercise) for exercise in chosen}
+        self.targets: dict[str, list[tuple[types.FunctionType, types.CodeType, str]]] = {
+            exercise.id: [] for exercise in chosen}
         self.call_safely, self.plain, self.Case, self.flood_chars = call_safely, plain, Case, FLOOD_CHARS
         self.from_plain, self.outcome_to_plain = wire.from_plain, wire.outcome_to_plain
 
+    def find_copies(self, functions: list[types.FunctionType]) -> None:
+        """Each exercise's targets among ``functions``: every one whose code is forbidden code, or a copy of it."""
+        for exercise_id, codes in self.forbidden.items():
+            self.targets[exercise_id] = disarm_targets(codes, functions)
 
-def disarm_targets(exercise: Any) -> list[tuple[types.FunctionType, types.CodeType, str]]:
-    """(function, its code, its name) of each Python function ``exercise`` may not use: its reference and its
-    forbidden list, less anything it allows (torch's functions written in C have no code to swap: the checker's
-    tripwire sees direct calls to them)."""
-    import inspect
 
-    from labkit.exercises.definitions import dotted_name
+def _signature(code: types.CodeType) -> tuple[str, int, str]:
+    return code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name)
 
-    allowed = {getattr(item, "__func__", item) for item in exercise.allowed}
+
+def disarm_targets(codes: dict[types.CodeType, str], functions: Any) -> list[tuple[types.FunctionType,
+                                                                                  types.CodeType, str]]:
+    """(function, its code, the name it is reported by) for each of ``functions`` whose code is one of ``codes``
+    or was copied from one (the same file, first line and qualified name): every object that would run it."""
+    by_signature = {_signature(code): name for code, name in codes.items()}
     found = []
-    for item in (exercise.reference, *exercise.forbidden):
-        function = getattr(inspect.unwrap(item), "__func__", inspect.unwrap(item))
-        if isinstance(function, types.FunctionType) and function not in allowed and not function.__closure__:
-            found.append((function, function.__code__, dotted_name(item)))
+    for function in functions:
+        code = function.__code__
+        name = codes.get(code) or by_signature.get(_signature(code))
+        if name is not None:
+            found.append((function, code, name))
     return found
 
 
@@ -205,8 +314,9 @@ def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reac
 
 def _tripwire(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
     """Code that raises at once, whatever the arguments, under ``code``'s names (so tracebacks and the checker's
-    tripwire still name the function). Its one constant is the exception class, so no name is looked up in the
-    function's module, which the learner may have changed."""
+    tripwire still name the function) and with its free variables (a method that calls ``super()``, a function
+    made in a closure: a function's code can only be swapped for code with the same ones). Its one constant is
+    the exception class, so no name is looked up in the function's module, which the learner may have changed."""
 
     class Disarmed(PermissionError):
         def __init__(self) -> None:
@@ -214,10 +324,21 @@ def _tripwire(code: types.CodeType, name: str, reached: list[str]) -> types.Code
             super().__init__(f"labkit grade: {name} may not be used in this exercise, and it is disarmed while it "
                              "is graded")
 
+    template = _TRIPWIRES.get(code.co_freevars)
+    if template is None:
+        free = code.co_freevars
+        source = ("def outer():\n" + "".join(f"    {word} = None\n" for word in free) +
+                  "    def tripwire(*args, **kwargs):\n" + (f"        ({', '.join(free)},)\n" if free else "") +
+                  "        raise 'LABKIT_DISARMED'\n    return tripwire\n")
+        outer = compile(source, "<labkit grade>", "exec").co_consts[0]
+        template = _TRIPWIRES[free] = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
     names = {"co_qualname": code.co_qualname} if hasattr(code, "co_qualname") else {}  # Python 3.11+
-    return _TRIPWIRE.replace(co_consts=tuple(Disarmed if c == "LABKIT_DISARMED" else c for c in _TRIPWIRE.co_consts),
-                             co_name=code.co_name, co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
-                             **names)
+    return template.replace(co_consts=tuple(Disarmed if c == "LABKIT_DISARMED" else c for c in template.co_consts),
+                            co_name=code.co_name, co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
+                            **names)
+
+
+_TRIPWIRES: dict[tuple[str, ...], types.CodeType] = {}  # free variable names -> the tripwire's code
 
 
 def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None = None) -> dict[str, Any]:
@@ -234,7 +355,10 @@ def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None
     if kit is None:
         from labkit.exercises import exercises
 
+        import gc
+
         kit = Kit([exercise for exercise in exercises() if exercise.id in {item["id"] for item in plan["exercises"]}])
+        kit.find_copies([item for item in gc.get_objects() if type(item) is types.FunctionType])
     answers: dict[str, Any] = {}
     for item in plan["exercises"]:
         exercise = kit.exercises.get(item["id"])

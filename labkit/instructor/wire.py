@@ -57,6 +57,11 @@ def _objects() -> dict[str, tuple[type, tuple[str, ...]]]:
             "StepCounter": (StepCounter, ("_lm",)), "ScoringModel": (ScoringModel, ("lm",))}
 
 
+def case_classes() -> list[type]:
+    """The labkit classes whose instances a case may hand the learner (their methods are the learner's to call)."""
+    return [klass for klass, _ in _objects().values()]
+
+
 class Unsupported:
     """What arrives for a returned value that is not plain data: it names the type and equals nothing."""
 

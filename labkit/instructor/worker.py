@@ -29,9 +29,6 @@ from typing import Any
 
 MAX_KERNEL_DEATHS = 3
 INTERRUPT_GRACE_S = 5  # after a time limit's interrupt, how long a kernel has to stop before it is killed
-_PROLOGUE = ("import labkit.instructor.watch as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\n"
-             "del _labkit_watch")
-_ANSWER_CELL = "__import__('sys').audit('labkit.answer')"
 MAX_MESSAGE_BYTES = 256 * 2**20
 
 
@@ -164,7 +161,7 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 
-    from labkit.instructor import wire
+    from labkit.instructor import watch, wire
 
     skipped: dict[int, str] = {}
     client_class = _client_class()
@@ -185,8 +182,8 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
         wire.send_frame(ours.fileno(), key)
         step = _Step(ours, key, grader, answer_timeout_s)
         step.start()
-        notebook.cells.insert(0, nbformat.v4.new_code_cell(_PROLOGUE.format(fd=kernels.fileno(), lab=lab)))
-        notebook.cells.append(nbformat.v4.new_code_cell(_ANSWER_CELL))
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(watch.prologue(kernels.fileno(), lab)))
+        notebook.cells.append(nbformat.v4.new_code_cell(watch.ANSWER_CELL))
         last = len(notebook.cells) - 1
         errors: dict[int, str] = {}
         # IPC sockets in the private /tmp rather than TCP on the (empty) loopback: nothing listens on a port.
