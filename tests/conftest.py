@@ -124,6 +124,7 @@ def lm(request):
 EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "04", "memory": "05", "timing": "06",
                  "speculative": "07"}
 SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading_course.py",
+        "tests/test_instructor_answering.py",
         "tests/test_instructor_grading.py", "tests/test_reveals.py",
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
         "tests/test_instructor_slurm.py", "tests/test_release.py::test_labkit_installs_from_a_clone_at_the_named_ref",

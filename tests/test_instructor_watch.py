@@ -13,9 +13,9 @@ import nbformat
 import torch
 
 from labkit.core import sampling
-from labkit.exercises import get
+from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
-from labkit.instructor import judging, review, watch
+from labkit.instructor import judging, reach, review, watch
 
 SOFTMAX = sampling.softmax_with_temperature
 ORIGINAL = SOFTMAX.__code__
@@ -88,14 +88,48 @@ def test_a_disarmed_reference_fails_its_exercise_by_any_route_and_nothing_else()
 def test_the_reference_of_another_exercise_stays_armed():
     """Lab 07's speculative round may call draw_with_uniform, which is lab 00's reference: not disarmed there."""
     names = {name for exercise_id in ("07.speculative_round", "07.prompt_lookup")
-             for _, _, name in watch.disarm_targets(get(exercise_id))}
+             for name in reach.forbidden_codes(get(exercise_id)).values()}
     assert "labkit.core.speculative.speculative_round" in names
     assert "labkit.core.speculative.draw_with_uniform" not in names
     # torch's ready-made loss written in Python is disarmed too; one written in C is left to the checker's tripwire
-    assert [name for _, _, name in watch.disarm_targets(get("02.cross_entropy"))] == [
-        "labkit.core.loss.cross_entropy", "torch.nn.functional.cross_entropy"]
-    assert [name for _, _, name in watch.disarm_targets(get("00.sample_token"))] == [
-        "labkit.core.speculative.draw_with_uniform"]
+    assert {"labkit.core.loss.cross_entropy", "torch.nn.functional.cross_entropy"} <= set(
+        reach.forbidden_codes(get("02.cross_entropy")).values())
+    assert set(reach.forbidden_codes(get("00.sample_token")).values()) == {"labkit.core.speculative.draw_with_uniform"}
+
+
+def test_the_forbidden_set_is_what_the_reference_reaches_less_what_the_learner_may_call():
+    """A thin wrapper's worker is disarmed with it (lab 05's allocator, lab 07's prompt lookup), what the exercise
+    allows is not (lab 00's apply_temperature is its own exercise in lab 01, allowed nowhere in lab 00), and the
+    methods of an object a case hands the learner stay callable (lab 07's ScoringModel, lab 06's StepCounter)."""
+    allocator = set(reach.forbidden_codes(get("05.paged_allocator")).values())
+    assert {"labkit.core.paging.replay_block_events", "labkit.core.paging.BlockAllocator.allocate",
+            "labkit.core.paging.BlockAllocator.__init__"} <= allocator
+    lookup = set(reach.forbidden_codes(get("07.prompt_lookup")).values())
+    assert "labkit.runtime.drafters.PromptLookup.propose" in lookup
+    softmax = set(reach.forbidden_codes(get("00.softmax_temperature")).values())
+    assert "labkit.core.sampling.apply_temperature" in softmax  # allowed=(): it does half the exercise
+    greedy = set(reach.forbidden_codes(get("06.greedy_loop")).values())
+    assert not any(name.startswith("labkit.runtime.step_counter.StepCounter") for name in greedy)
+    for exercise in exercises():
+        allowed = reach.reached(exercise.allowed)
+        assert not set(reach.forbidden_codes(exercise)) & set(allowed), exercise.id
+
+
+def test_every_copy_of_a_forbidden_function_is_disarmed_not_only_the_original():
+    """A function made on the reference's code, or on a copy of it with the same file, first line and name, is
+    found among the interpreter's functions and disarmed with the original."""
+    import types
+
+    twin = types.FunctionType(ORIGINAL, SOFTMAX.__globals__)
+    copied = types.FunctionType(ORIGINAL.replace(co_consts=ORIGINAL.co_consts), SOFTMAX.__globals__)
+    codes = reach.forbidden_codes(get("00.softmax_temperature"))
+    found = {id(function) for function, _, _ in watch.disarm_targets(codes, [SOFTMAX, twin, copied, _honest_sample])}
+    assert found == {id(SOFTMAX), id(twin), id(copied)}
+    results = _graded({"softmax_with_temperature": lambda logits, temperature: copied(logits, temperature),
+                       "sample_token": _honest_sample, "tokenizer_choice": lambda: "b"})
+    assert results["00.softmax_temperature"]["points"] == 0
+    assert "softmax_with_temperature" in " ".join(results["00.softmax_temperature"]["details"])
+    assert copied(torch.tensor([0.0, 0.0]), 1.0).tolist() == [0.5, 0.5]  # armed again afterwards
 
 
 def test_an_honest_wrong_answer_equal_to_a_known_mistake_earns_what_the_check_gives():

@@ -112,6 +112,12 @@ def forbidden_codes(exercise: Any) -> Reached:
     what its allowed helpers and the labkit objects a case hands the learner reach."""
     from labkit.instructor.wire import case_classes
 
+    from labkit.exercises.definitions import dotted_name
+
     banned = reached([exercise.reference, *exercise.forbidden])
+    for item in exercise.forbidden:  # torch's ready-made equivalents written in Python (in C: the tripwire's)
+        function = _unwrapped(item)
+        if isinstance(function, types.FunctionType):
+            banned.setdefault(function.__code__, dotted_name(item))
     free = reached([*exercise.allowed, *case_classes()])
     return {code: name for code, name in banned.items() if code not in free}
