@@ -77,3 +77,21 @@ def test_no_known_mistake_and_no_solution_resembles_a_reference():
 def test_a_function_too_deep_to_compare_is_still_reviewed():
     deep = "def f(x):\n    return " + "-" * 400 + "x\nimport sys\nsys.settrace(None)\n"  # parses; copying recurses
     assert [f["what"].split(":")[0] for f in review_notebook(_notebook(deep), "00")] == ["sys.settrace"]
+
+
+def test_the_routes_around_the_answering_step_are_flagged_by_their_shape_not_their_names():
+    """Issue #52's routes, each spelled without the names the review knew: building a function (by a type read
+    at run time, through copy's ``__reduce__``), dis on labkit's reference, a str subclass with its own methods,
+    _posixsubprocess, a prefix search over a module's members."""
+    found = _whats(_notebook(
+        "import copy, dis, inspect as look\nfrom labkit.core import sampling as lib\n"
+        "twin = type(lib.softmax_with_temperature)(dis.Bytecode(lib.softmax_with_temperature).codeobj, {})\n"
+        "class Box:\n    def __reduce__(self):\n        return (print, ())\n"
+        "class Path(str):\n    def startswith(self, prefix):\n        return False\n"
+        "import _posixsubprocess as p\n"
+        "found = [f for n, f in look.getmembers(lib) if n.startswith('softmax_w')]\n"))
+    whats = "\n".join(found)
+    for expected in ("0:builds a function or code object", "0:dis.Bytecode on labkit's lib.softmax_with_temperature",
+                     "0:class Box defines how copy or pickle rebuilds it", "0:class Path(str) overrides startswith",
+                     "_posixsubprocess", "0:inspect.getmembers(lib): a search over an object's members"):
+        assert expected in whats, (expected, found)

@@ -39,7 +39,8 @@ _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spe
     **dict.fromkeys(["__eq__", "__ne__", "__bool__", "__torch_function__", "__torch_dispatch__", "__instancecheck__",
                      "__subclasscheck__", "__getattribute__", "__class__"], "a comparison or type that can lie"),
     **dict.fromkeys(["fork", "forkpty", "kill", "killpg", "getppid", "setsid", "system", "popen", "subprocess",
-                     "multiprocessing", "socket", "ctypes", "SIG_IGN", "_thread", "threading"],
+                     "multiprocessing", "socket", "ctypes", "SIG_IGN", "_thread", "threading", "_posixsubprocess",
+                     "fork_exec", "posix_spawn", "posix_spawnp", "spawnv", "spawnve", "execv", "execve"],
                     "processes, signals, threads or the network"),
     **dict.fromkeys(["ThreadPoolExecutor", "ProcessPoolExecutor", "InterpreterPoolExecutor", "Executor", "ThreadPool",
                      "Pool", "concurrent", "run_in_executor", "to_thread"],
@@ -105,7 +106,8 @@ def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
         if is_course:
             continue
         seen: set[tuple[int, str]] = set()
-        for line, what in [*_findings(tree, references, imported, extra), *_resemblances(tree, shapes)]:
+        for line, what in [*_findings(tree, references, imported, extra), *_routes(tree, imported),
+                           *_resemblances(tree, shapes)]:
             if (line, what) not in seen:
                 seen.add((line, what))
                 found.append({"cell": index, "line": line, "what": what})
@@ -303,6 +305,55 @@ def _findings(tree: ast.AST, references: set[str], imported: dict[str, str], ext
             if node.func.id in ("getattr", "setattr", "delattr", "hasattr") and len(node.args) >= 2 and not (
                     isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
                 yield line, f"{node.func.id} with a name built at run time: reaches any attribute, a switch-off too"
+
+
+_BUILDERS = {"types.FunctionType", "types.CodeType", "types.LambdaType", "types.MethodType"}
+_INTROSPECTION = ("inspect.", "dis.", "gc.")
+_BUILTIN_TYPES = {"str", "bytes", "int", "float", "tuple", "list", "dict", "set", "frozenset", "bytearray"}
+_MEMBER_SEARCHES = {"dir", "vars", "inspect.getmembers", "inspect.getmembers_static"}
+
+
+def _routes(tree: ast.AST, imported: dict[str, str]):
+    """The shapes of the routes around the grader's answering step, whatever they are called: building function or
+    code objects (directly, by a type read at run time, through ``__reduce__``), ``inspect``/``dis``/``gc`` on
+    labkit's objects, a value of a built-in type whose methods are the learner's, a search over a module's members."""
+    def full(node: ast.AST) -> str:
+        dotted = _dotted(node) or ""
+        root, _, rest = dotted.partition(".")
+        return ".".join(filter(None, [imported.get(root, root), rest]))
+
+    def labkit_argument(call: ast.Call) -> str | None:
+        for argument in [*call.args, *(keyword.value for keyword in call.keywords)]:
+            for inner in ast.walk(argument):
+                name = full(inner) if isinstance(inner, (ast.Name, ast.Attribute)) else ""
+                if name.startswith("labkit"):
+                    return _dotted(inner)
+        return None
+
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 1)
+        if isinstance(node, ast.Call):
+            called = full(node.func)
+            if called in _BUILDERS or (isinstance(node.func, ast.Call) and _dotted(node.func.func) == "type"):
+                yield line, "builds a function or code object (a copy of labkit's reference would answer for it)"
+            elif isinstance(node.func, ast.Attribute) and node.func.attr == "replace" and any(
+                    (keyword.arg or "").startswith("co_") for keyword in node.keywords):
+                yield line, "builds a code object from another (code.replace)"
+            reached = labkit_argument(node)
+            if called.startswith(_INTROSPECTION) and reached:
+                yield line, f"{called} on labkit's {reached}: reads labkit's code or objects at run time"
+            if called in _MEMBER_SEARCHES and (reached or called.startswith("inspect.")):
+                yield line, (f"{called}({reached or '...'}): a search over an object's members, which reaches a "
+                             "function without naming it")
+        elif isinstance(node, ast.ClassDef):
+            methods = [item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if {"__reduce__", "__reduce_ex__", "__setstate__"} & set(methods):
+                yield line, (f"class {node.name} defines how copy or pickle rebuilds it: any callable with any "
+                             "arguments (a function from a code object)")
+            builtin = [_dotted(base) for base in node.bases if _dotted(base) in _BUILTIN_TYPES]
+            if builtin and methods:
+                yield line, (f"class {node.name}({builtin[0]}) overrides {', '.join(methods[:3])}: a built-in value "
+                             "whose methods are the learner's code, run wherever the value goes")
 
 
 def _spelled(text: str, word: str) -> bool:
