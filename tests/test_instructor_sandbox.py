@@ -91,3 +91,43 @@ def test_a_folder_tree_of_any_depth_is_removed(tmp_path):
                     "    os.mkdir('d')\n    os.chdir('d')\nos.chmod('.', 0)\n", str(top)], check=True)
     sandbox.remove_tree(top)
     assert not top.exists()
+
+
+BUSY = ("import os, resource, time\nchildren = []\nfor _ in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        break\n    children.append(pid)\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\n"
+        "if children:\n    for pid in children:\n        os.waitpid(pid, 0)\n"
+        "    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]\n"
+        "    print(sum(u.ru_utime + u.ru_stime for u in used))\nelse:\n    os._exit(0)\n")
+STEADY = "import time\nend = time.monotonic() + 3\nwhile time.monotonic() < end:\n    pass\nprint('done')\n"
+
+
+@needs_wall
+def test_a_busy_submission_is_held_to_its_share_beside_an_honest_one():
+    """Four busy processes in one submission for 3 s, a busy loop in another at the same time: the cpu cgroup holds
+    the first to half a CPU in all (unheld, on two cores, it would use about 2 x 3 s), the second ends as it
+    should, and the report says which mechanism held the share."""
+    import threading
+
+    if sandbox.isolation_problem():
+        pytest.fail(f"the sandbox is missing: {sandbox.isolation_problem()} (LABKIT_SKIP_SANDBOX_TESTS opts out)")
+    runs = {}
+
+    def run(name, source):
+        runs[name] = sandbox.run_walled([sys.executable, "-c", source], None,
+                                        Limits(wall_seconds=60, cpu_percent=50), isolate=True,
+                                        env={"PATH": "/usr/bin:/bin"})
+
+    threads = [threading.Thread(target=run, args=item) for item in (("busy", BUSY), ("steady", STEADY))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    busy, steady = runs["busy"], runs["steady"]
+    assert busy.returncode == 0 and steady.returncode == 0, (busy.log_tail, steady.log_tail)
+    if "not enforced" in busy.limits["cpu share"]:
+        pytest.skip(busy.limits["cpu share"])
+    assert busy.limits["cpu share"] == "50 % of one CPU for everything the notebook runs (cpu cgroup)"
+    # The quota is 0.5 CPU-seconds per second over about 3 s (the processes start and end a little apart): the
+    # kernel's CFS bandwidth control holds it to the period (0.1 s), so a 25 % margin covers the edges.
+    assert float(busy.log_tail.split()[-1]) <= 0.5 * 3 * 1.25, busy.log_tail
+    assert steady.log_tail.split() == ["done"]

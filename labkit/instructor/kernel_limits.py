@@ -23,8 +23,13 @@ What is enforced, and how:
   file system, or no permission), a non-root grader falls back to ``RLIMIT_NPROC``, which counts *all* tasks of
   the user, so it is set to the user's current count plus the limit; as root nothing bounds the count then.
 - **file size**: ``RLIMIT_FSIZE``, the largest file any process of the run may write.
+- **a share of the machine**: a cgroup of the ``cpu`` controller made for each run (v2 ``cpu.max``, v1
+  ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``: the same CFS bandwidth limit), ``cpu_percent`` of one CPU for
+  everything the run starts together. A fork bomb of busy processes is throttled to that share, so an honest
+  submission beside it keeps its own (its answers have a time limit). Without a cpu cgroup only the per-process
+  CPU time holds, and the report says so.
 
-Both cgroups are removed after the run, once everything in them has been killed. The grader states in every
+The cgroups are removed after the run, once everything in them has been killed. The grader states in every
 report which mechanism held (:meth:`Confinement.describe`). These limits are one half of the wall; the other
 (namespaces, a private folder, no capabilities, so that code inside cannot leave its cgroups or lift its limits)
 is bubblewrap's.
@@ -66,10 +71,12 @@ class Limits:
     output_mb: int = 16  # what the notebook prints is kept up to this; also the largest file it may write
     disk_mb: int = 256  # the submission's folders (/job, /tmp) together: a filesystem of this size, in memory
     budget_seconds: int = 600  # the notebook's cells together; cells past it are not run (then the answers)
+    cpu_percent: int = 100  # of one CPU, for everything the submission runs together (a cpu cgroup's quota)
 
     def __post_init__(self) -> None:
         for name, least in [("memory_mb", 256), ("cpu_seconds", 1), ("max_procs", 16), ("total_memory_mb", 256),
-                            ("wall_seconds", 10), ("output_mb", 1), ("disk_mb", 16), ("budget_seconds", 10)]:
+                            ("wall_seconds", 10), ("output_mb", 1), ("disk_mb", 16), ("budget_seconds", 10),
+                            ("cpu_percent", 10)]:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
@@ -117,6 +124,16 @@ def make_memory_cgroup(memory_mb: int) -> Path | None:
     return (_make_cgroup("memory", [("memory.limit_in_bytes", limit)],
                          [("memory.memsw.limit_in_bytes", limit), ("memory.swappiness", "0")])
             or _make_cgroup("memory", [("memory.max", limit)], [("memory.swap.max", "0")]))
+
+
+CPU_PERIOD_US = 100_000  # the CFS period the quota is a share of
+
+
+def make_cpu_cgroup(cpu_percent: int) -> Path | None:
+    """A fresh cgroup whose processes together may run ``cpu_percent`` of one CPU, or None."""
+    quota = str(cpu_percent * CPU_PERIOD_US // 100)
+    return (_make_cgroup("cpu", [("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)])
+            or _make_cgroup("cpu", [("cpu.max", f"{quota} {CPU_PERIOD_US}")]))
 
 
 def _make_cgroup(controller: str, settings: list[tuple[str, str]],
@@ -167,22 +184,27 @@ class Confinement:
         self.limits = limits
         self.cgroup: Path | None = None  # pids
         self.memory_cgroup: Path | None = None
+        self.cpu_cgroup: Path | None = None
         self.kernel_pgid: int | None = None  # set by the grader once the kernel runs: its group is cleaned up
 
     def __enter__(self) -> Confinement:
         self.cgroup = make_pids_cgroup(self.limits.max_procs)
         self.memory_cgroup = make_memory_cgroup(self.limits.total_memory_mb)
+        self.cpu_cgroup = make_cpu_cgroup(self.limits.cpu_percent)
         return self
 
     def launcher(self, user: int | None = None, staged: list[str] = ()) -> list[str]:
         """The command that goes before the confined command line (run as ``user`` when started as root;
         ``staged``: ``--stage SOURCE FOLDER`` arguments, folders bound for it before it leaves root)."""
         limits = self.limits
-        cgroups = [arg for group in (self.cgroup, self.memory_cgroup) if group for arg in ("--cgroup", str(group))]
+        cgroups = [arg for group in self._cgroups() if group for arg in ("--cgroup", str(group))]
         as_user = ([] if user is None else ["--user", str(user)]) + list(staged)
         return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroups, *as_user,
                 "--memory-mb", str(limits.memory_mb), "--cpu-seconds", str(limits.cpu_seconds),
                 "--max-procs", str(limits.max_procs), "--output-mb", str(limits.output_mb), "--"]
+
+    def _cgroups(self) -> tuple[Path | None, ...]:
+        return self.cgroup, self.memory_cgroup, self.cpu_cgroup
 
     def describe(self) -> dict[str, str]:
         """Which mechanism enforces each limit on this machine (goes into the report)."""
@@ -195,7 +217,10 @@ class Confinement:
             procs = "not enforced: no pids cgroup could be made and RLIMIT_NPROC does not apply to root"
         total = (f"{limits.total_memory_mb} MB for everything the notebook runs (memory cgroup)" if self.memory_cgroup
                  else "not enforced: no memory cgroup could be made (only the per-process limit holds)")
+        share = (f"{limits.cpu_percent} % of one CPU for everything the notebook runs (cpu cgroup)" if self.cpu_cgroup
+                 else "not enforced: no cpu cgroup could be made (only the CPU time per process holds)")
         return {"memory": f"{limits.memory_mb} MB address space per process (RLIMIT_AS)", "total memory": total,
+                "cpu share": share,
                 "cpu": f"{limits.cpu_seconds} CPU seconds per process (RLIMIT_CPU)", "processes": procs,
                 "wall": f"{limits.wall_seconds} s for the whole notebook (then everything it runs is killed)",
                 "output": f"{limits.output_mb} MB of printed output kept",
@@ -210,7 +235,7 @@ class Confinement:
                 os.killpg(self.kernel_pgid, signal.SIGKILL)  # jupyter_client starts the kernel in a new session
             except OSError:
                 pass  # the group is gone already
-        for group in (self.cgroup, self.memory_cgroup):
+        for group in self._cgroups():
             if group is None:
                 continue
             deadline = time.monotonic() + 10
@@ -231,7 +256,7 @@ class Confinement:
     def __exit__(self, *exc_info: object) -> None:
         """Kill whatever the run left running (e.g. forked children) and remove the cgroups."""
         self.kill_all()
-        for group in (self.cgroup, self.memory_cgroup):
+        for group in self._cgroups():
             if group is None:
                 continue
             for _ in range(50):  # a killed task leaves its cgroup a moment after the signal
