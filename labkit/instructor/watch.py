@@ -42,8 +42,9 @@ _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "
 _ALWAYS = frozenset({"code.__new__", "function.__new__", "marshal.loads", "marshal.load", "gc.get_objects",
                      "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "sys.setprofile", "sys.settrace",
                      "object.__getattr__", "object.__setattr__", "object.__delattr__", "open"})
-# Judged on the whole stack: a library's frame launders nothing. (Not marshal: every import loads compiled code
-# under the importing cell's frame; a copy it could load is found at the step by its file, line and name.)
+# Building on labkit's code is judged on the whole stack at any time (a library's frame launders nothing). Not
+# marshal: every import loads compiled code under the importing cell's frame; a copy it could load is found at
+# the step by its file, first line and name.
 _BUILDS = frozenset({"code.__new__", "function.__new__", "object.__setattr__", "object.__delattr__"})
 _TRACE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
 _CLONE_THREAD = 0x00010000
@@ -96,10 +97,11 @@ def install(fd: int, lab: str) -> None:
     except ImportError:
         shell = None
     kit = Kit(exercises(lab))  # the exercises and their functions to disarm, bound before any learner code
-    setters = {calling.call_safely.__code__}
-    deadline_code = {Deadline._on_alarm.__code__, Deadline.arm_trace.__code__, Deadline.stop.__code__}
+    setters = (calling.call_safely.__code__,)  # compared by identity: hashing a code runs its names' __hash__
+    deadline_code = (Deadline._on_alarm.__code__, Deadline.arm_trace.__code__, Deadline.stop.__code__)
     processes_filter = no_new_processes()  # built now (libseccomp is found by running ldconfig), loaded at the step
     main_thread = get_ident()
+    labkit_files = os.path.dirname(os.path.abspath(labkit.__file__)) + os.sep
 
     def is_library(filename: Any) -> bool:
         if type(filename) is not str:
@@ -108,6 +110,12 @@ def install(fd: int, lab: str) -> None:
         if found is None:
             found = known[filename] = filename.startswith("<frozen ") or os.path.abspath(filename).startswith(library)
         return found
+
+    def is_labkit_file(filename: Any) -> bool:
+        return type(filename) is str and os.path.abspath(filename).startswith(labkit_files)
+
+    def one_of(code: Any, codes: tuple) -> bool:
+        return any(code is known_code for known_code in codes)
 
     def learner_below(frame: Any) -> Any:
         """The first frame of the learner's on the stack from ``frame`` down (to the step's own frame while the
@@ -119,8 +127,23 @@ def install(fd: int, lab: str) -> None:
             frame = frame.f_back
         return None
 
+    def builds_labkit_code(event: str, args: tuple) -> bool:
+        """Whether the event builds a function or code object on labkit's code, or swaps a labkit function's code:
+        a copy of labkit's own code, whoever's frame does the building."""
+        if event == "function.__new__":
+            code = args[0] if args else None
+            return type(code) is types.CodeType and is_labkit_file(code.co_filename)
+        if event == "code.__new__":
+            return len(args) > 1 and is_labkit_file(args[1])
+        if len(args) > 2 and args[1] == "__code__":  # object.__setattr__ / __delattr__ on a function's code
+            target, value = args[0], args[2]
+            return ((type(target) is types.FunctionType and is_labkit_file(target.__code__.co_filename)) or
+                    (type(value) is types.CodeType and is_labkit_file(value.co_filename)))
+        return False
+
     def refuse(what: str, frame: Any, record: bool = True) -> None:
-        text = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip() if frame is not None else ""
+        filename = frame.f_code.co_filename if frame is not None else None
+        text = linecache.getline(filename, frame.f_lineno).strip() if type(filename) is str else ""
         if record and len(state["refused"]) < 20:
             state["refused"].append({"what": what, "line": getattr(frame, "f_lineno", 0), "text": text[:200]})
         raise PermissionError(f"labkit grade: a graded notebook may not do this: {what}")
@@ -145,38 +168,46 @@ def install(fd: int, lab: str) -> None:
             return
         state["busy"] = True  # nothing below calls a method of a learner's object: only exact types are read
         try:
-            frame = getframe(2)  # below this function and _Traceable's call
-            if event.startswith("object.") and (len(args) < 2 or type(args[1]) is not str or
-                                                args[1] not in _ATTRIBUTES):
-                return
-            if event == "open" and not _process_memory(args[0] if args else None):
-                return
-            culprit = frame if not is_library(frame.f_code.co_filename) else None
-            if event in _BUILDS or (state["step"] and event not in _TRACE_EVENTS and not checker(frame.f_code)):
-                culprit = learner_below(frame)  # never laundered through a library's frame
-            if event in _TRACE_EVENTS:
-                if frame.f_code in setters and event == "sys.setprofile" and state["step"]:
-                    # The checker switching its tripwire: on as the learner's function starts, off as it ends.
-                    watch = frame.f_locals.get("deadline")
-                    state["call"] = None if state["call"] else (monotonic(), float(getattr(watch, "limit_s", 0)))
-                    return
-                if frame.f_code in deadline_code:
-                    return  # the time limit arming or ending its own trace
-                culprit = culprit or learner_below(frame)  # pdb or bdb started by the learner's line
-                if culprit is not None:
-                    # A function past its limit: the interpreter dropping the time limit's trace after it raised
-                    # (the learner's frame on top). Refused, so the limit stays armed, but it accuses nobody.
-                    refuse(_WHAT[event], culprit, record=not (state["step"] and past_its_limit()))
-                return
-            if event in _IN_STEP:
-                if state["step"] and (culprit is not None or not event.startswith("sys.")):
-                    refuse(_WHAT.get(event, f"starts or signals a process ({event})"), culprit or frame)
-                return
-            if culprit is not None:
-                refuse(_WHAT.get(event) or (f"reads {args[1]}" if event.startswith("object.") else
-                                            f"uses ctypes ({event})"), culprit)
+            judge(event, args, getframe(2))  # below this function and _Traceable's call
         finally:
             state["busy"] = False
+
+    def judge(event: str, args: tuple, frame: Any) -> None:
+        """Refuse (and record) the event if the learner is behind it; return otherwise.
+
+        Whose doing an event is: the learner's when the frame that raised it is the learner's. While answering,
+        and for building anything on labkit's code at any time, also when a learner's frame is anywhere below a
+        library's (copy's ``__reduce__``, dis, inspect launder nothing). Elsewhere in a cell, a library is trusted
+        to build and read what it needs (an import, loading a model)."""
+        if event.startswith("object.") and (len(args) < 2 or type(args[1]) is not str or args[1] not in _ATTRIBUTES):
+            return
+        if event == "open" and not _process_memory(args[0] if args else None):
+            return
+        code = frame.f_code
+        culprit = frame if not is_library(code.co_filename) else None
+        if event in _TRACE_EVENTS:
+            if one_of(code, setters):  # the checker switching its tripwire: on as a function starts, off as it ends
+                if state["step"]:
+                    watch = frame.f_locals.get("deadline")
+                    state["call"] = None if state["call"] else (monotonic(), float(watch.limit_s))
+                return
+            if one_of(code, deadline_code):
+                return  # the time limit arming or ending its own trace
+            culprit = culprit or learner_below(frame)  # pdb or bdb started by the learner's line
+            if culprit is not None:
+                # A function past its limit: the interpreter dropping the time limit's trace after it raised (the
+                # learner's frame on top). Refused, so the limit stays armed, but it accuses nobody.
+                refuse(_WHAT[event], culprit, record=not (state["step"] and past_its_limit()))
+            return
+        if (state["step"] and not checker(code)) or (event in _BUILDS and builds_labkit_code(event, args)):
+            culprit = learner_below(frame)
+        if event in _IN_STEP:
+            if state["step"] and (culprit is not None or not event.startswith("sys.")):
+                refuse(_WHAT.get(event, f"starts or signals a process ({event})"), culprit or frame)
+            return
+        if culprit is not None:
+            refuse(_WHAT.get(event) or (f"reads {args[1]}" if event.startswith("object.") else
+                                        f"uses ctypes ({event})"), culprit)
 
     def step() -> None:
         state["step"], state["bottom"] = True, getframe(0)
