@@ -119,3 +119,28 @@ def test_the_function_doing_the_work_is_disarmed_not_only_the_wrapper():
     got = answer(cells, lab="05")
     assert got.points("05.paged_allocator") == 0
     assert "BlockAllocator" in got.details("05.paged_allocator"), got.details("05.paged_allocator")
+
+
+def test_a_frame_reached_while_answering_yields_neither_the_key_nor_a_signature():
+    """A signal handler receives the frame it interrupts, and from there every frame below, the step's too (a
+    route found while building #52). The key is in no frame's variables, the signer signs for the step's own
+    frame only, and reading the signer's defaults (where the key lives) is refused and named in the review."""
+    cells = ["import inspect, signal\nobtained = []\n"
+             "def handler(signum, frame):\n"
+             "    while frame is not None:\n"
+             "        for name, value in list(frame.f_locals.items()):\n"
+             "            if isinstance(value, bytes) and len(value) == 32:\n"
+             "                obtained.append(name)\n"
+             "            if callable(value) and getattr(value, '__name__', '') == 'sign':\n"
+             "                for attempt in (lambda: value(b'forged'), lambda: value.__kwdefaults__,\n"
+             "                                lambda: inspect.signature(value)):\n"
+             "                    try:\n                        obtained.append(repr(attempt())[:20])\n"
+             "                    except PermissionError:\n                        pass\n"
+             "        frame = frame.f_back\n"
+             "signal.signal(signal.SIGUSR1, handler)\n"
+             "def tokenizer_choice():\n    signal.raise_signal(signal.SIGUSR1)\n"
+             "    return 'b' if not obtained else 'a'\n", SAMPLE]
+    got = answer(cells)
+    assert got.points("00.predict_tokenizer") == 1, got.details("00.predict_tokenizer")
+    assert any("reads the grader's signing key" in finding["what"] for finding in got.review), got.review
+    assert got.points("00.sample_token") == 2

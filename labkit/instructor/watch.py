@@ -38,7 +38,9 @@ ANSWER_CELL = f"import sys as _sys\n_sys.audit({PREPARE_EVENT!r})\n_sys.audit({A
 KEY_BYTES = 32
 MAX_CASES_BYTES = 256 * 2**20
 _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "f_code", "gi_frame", "gi_code",
-                         "cr_frame", "cr_code", "ag_frame", "ag_code", "f_back", "f_globals", "f_locals"})
+                         "cr_frame", "cr_code", "ag_frame", "ag_code", "f_back", "f_globals", "f_locals",
+                         "__defaults__", "__kwdefaults__"})
+_DEFAULTS = ("__defaults__", "__kwdefaults__")  # read only to reach the signing key: judged for the signer alone
 _ALWAYS = frozenset({"code.__new__", "function.__new__", "marshal.loads", "marshal.load", "gc.get_objects",
                      "gc.get_referrers", "gc.get_referents", "sys.addaudithook", "sys.setprofile", "sys.settrace",
                      "object.__getattr__", "object.__setattr__", "object.__delattr__", "open"})
@@ -81,7 +83,7 @@ def install(fd: int, lab: str) -> None:
     from labkit.exercises.deadline import Deadline, is_checker_code as checker
     from labkit.instructor import wire
 
-    key = wire.read_frame(fd, KEY_BYTES, timeout_s=60)
+    key: bytes | None = wire.read_frame(fd, KEY_BYTES, timeout_s=60)
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
     library = tuple(os.path.abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
@@ -175,11 +177,16 @@ def install(fd: int, lab: str) -> None:
     def judge(event: str, args: tuple, frame: Any) -> None:
         """Refuse (and record) the event if the learner is behind it; return otherwise.
 
-        Whose doing an event is: the learner's when the frame that raised it is the learner's. While answering,
-        and for building anything on labkit's code at any time, also when a learner's frame is anywhere below a
-        library's (copy's ``__reduce__``, dis, inspect launder nothing). Elsewhere in a cell, a library is trusted
-        to build and read what it needs (an import, loading a model)."""
+        Whose doing an event is: the learner's when the frame that raised it is the learner's. For building on
+        labkit's code, searching the object graph (``gc``) and, while answering, reaching every thread's frames,
+        also when a learner's frame is anywhere below a library's (copy's ``__reduce__``, dis, inspect launder
+        nothing). Otherwise a library is trusted to build and read what it needs (an import, loading a model,
+        transformers reading a signature, logging finding its caller)."""
         if event.startswith("object.") and (len(args) < 2 or type(args[1]) is not str or args[1] not in _ATTRIBUTES):
+            return
+        if event.startswith("object.") and args[1] in _DEFAULTS:
+            if args[0] is sign:
+                refuse("reads the grader's signing key", learner_below(frame) or frame)
             return
         if event == "open" and not _process_memory(args[0] if args else None):
             return
@@ -199,7 +206,8 @@ def install(fd: int, lab: str) -> None:
                 # learner's frame on top). Refused, so the limit stays armed, but it accuses nobody.
                 refuse(_WHAT[event], culprit, record=not (state["step"] and past_its_limit()))
             return
-        if (state["step"] and not checker(code)) or (event in _BUILDS and builds_labkit_code(event, args)):
+        if (event.startswith("gc.") or (state["step"] and event == "sys._current_frames") or
+                (event in _BUILDS and builds_labkit_code(event, args))):
             culprit = learner_below(frame)
         if event in _IN_STEP:
             if state["step"] and (culprit is not None or not event.startswith("sys.")):
@@ -220,7 +228,7 @@ def install(fd: int, lab: str) -> None:
             finally:
                 state["busy"] = False
             kit.find_copies(functions)
-            wire.send_frame(fd, wire.sign(key, b"go"))
+            wire.send_frame(fd, sign(b"go"))
             plan = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
             payload = {"answers": answer_plan(shell.user_ns if shell is not None else {}, plan, kit)}
         except BaseException as error:  # noqa: BLE001 - whatever stopped the step is its error, shown per exercise
@@ -228,13 +236,32 @@ def install(fd: int, lab: str) -> None:
         finally:
             state["step"] = False
         payload["refused"] = state["refused"]
-        wire.send_frame(fd, wire.sign(key, json.dumps(payload).encode()))
+        wire.send_frame(fd, sign(json.dumps(payload).encode()))
+
+    # The key lives only in the signer's keyword default, a read the hook refuses to anyone; the signer signs only
+    # for the step's own frame. So a frame a learner reaches (a signal handler gets one) yields neither.
+    sign = _signer(key, step.__code__, getframe)
+    key = None
 
     # CPython runs audit hooks untraced unless the hook says it may be traced (``__cantrace__``, read at every
     # event). The step runs inside the hook and must be traced (the checker's time limit and tripwire), so the
     # hook is traceable only for the event after the worker's PREPARE_EVENT, its answering event; every other
     # event, the step's own included, runs untraced: the checker's tripwire never sees the grader's code.
     sys.addaudithook(_Traceable(hook, state))
+
+
+def _signer(key: bytes, step_code: types.CodeType, getframe: Callable[[int], Any]) -> Callable[[bytes], bytes]:
+    """``sign(payload)``: the payload signed with ``key``, for a caller running ``step_code`` only. The key is the
+    function's keyword default (its closure holds no secret); the audit hook refuses every read of it."""
+    from labkit.instructor.wire import sign as sign_with
+
+    def sign(payload: bytes, *, _key: bytes = b"") -> bytes:
+        if getframe(1).f_code is not step_code:
+            raise PermissionError("labkit grade: only the grader's answering step signs")
+        return sign_with(_key, payload)
+
+    sign.__kwdefaults__ = {"_key": key}
+    return sign
 
 
 class _Traceable:
