@@ -55,7 +55,8 @@ def _spread(values: list[float]) -> str:
 
 
 def real_class(n: int = 4) -> None:
-    from labkit.instructor import classroom, grading
+    from labkit.instructor.cluster import classroom
+    from labkit.instructor.grader import grading
 
     source = nbformat.read(ROOT / "notebooks" / "solutions" / "00_start_here.ipynb", as_version=4)
     secret = b"benchmark secret"
@@ -105,7 +106,7 @@ def slurm_class(folder: Path, scratch: Path, n: int, local: dict[int, float], lo
     import dask
     import yaml
 
-    from labkit.instructor import classroom
+    from labkit.instructor.cluster import classroom
 
     sys.path.insert(0, str(ROOT / "tests"))  # the tests' SLURM, brought up the same way
     from slurm_cluster import NO_SLURM, single_node_slurm, site_config
@@ -170,7 +171,7 @@ def _kill_one_worker_when(store: Path, count: int, killed: list[int]) -> None:
 
 
 def simulated_class(n: int = 2000, workers: int = 2, median_s: float = 0.1) -> None:
-    from labkit.instructor import classroom
+    from labkit.instructor.cluster import classroom
 
     rng = random.Random(34)
     durations = [median_s * rng.lognormvariate(0, 0.5) for _ in range(n)]
@@ -207,8 +208,8 @@ def corpus_class(labs: list[str] | None = None, workers: int = 2) -> None:
     import csv
     import sys
 
-    from labkit.instructor import classroom
-    from labkit.instructor.kernel_limits import Limits
+    from labkit.instructor.cluster import classroom
+    from labkit.instructor.wall.kernel_limits import Limits
 
     sys.path.insert(0, str(ROOT / "tests"))  # the corpus is the tests' regression set
     import honest_corpus

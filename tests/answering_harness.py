@@ -1,10 +1,10 @@
 """The real answering step, in a process of its own but without a notebook server, a kernel manager or the wall.
 
 A child Python runs an IPython shell as the grader's kernel does: the worker's first cell
-(:func:`labkit.instructor.watch.install`, the real audit hook), the learner's cells, then the worker's last cell,
+(:func:`labkit.instructor.wall.answering.install`, the real audit hook), the learner's cells, then the worker's last cell,
 which raises the answering event. This process plays the worker's side of the socket: it hands over the key,
-waits for the signed "go", sends the case inputs the grader drew (:func:`labkit.instructor.judging.plan`) and
-reads the signed answers, which :func:`labkit.instructor.judging.judge` scores as ``labkit grade`` does. What the
+waits for the signed "go", sends the case inputs the grader drew (:func:`labkit.instructor.grader.judging.plan`) and
+reads the signed answers, which :func:`labkit.instructor.grader.judging.judge` scores as ``labkit grade`` does. What the
 hook refused comes back as the review's findings. One child per submission: an audit hook cannot be removed.
 """
 
@@ -21,7 +21,9 @@ from typing import Any
 
 import nbformat
 
-from labkit.instructor import judging, review, watch, wire
+from labkit.instructor.grader import judging, review
+
+from labkit.instructor.wall import answering, wire
 
 _CHILD = textwrap.dedent("""
     import json, sys
@@ -54,8 +56,8 @@ def answer(cells: list[str], lab: str = "00", seed: int = 3, timeout_s: float = 
     """Run ``cells`` as a learner's notebook between the worker's first and last cells; judge the answers."""
     chosen, worker_plan, drawn = judging.plan(lab, seed)
     ours, theirs = socket.socketpair()
-    prologue = watch.prologue(theirs.fileno(), lab)
-    every = [prologue, *cells, watch.ANSWER_CELL]
+    prologue = answering.prologue(theirs.fileno(), lab)
+    every = [prologue, *cells, answering.ANSWER_CELL]
     child = subprocess.Popen(
         [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         pass_fds=(theirs.fileno(),), env={**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}, text=True)
@@ -64,7 +66,7 @@ def answer(cells: list[str], lab: str = "00", seed: int = 3, timeout_s: float = 
     try:
         child.stdin.write(json.dumps(every))
         child.stdin.close()
-        key = os.urandom(watch.KEY_BYTES)
+        key = os.urandom(answering.KEY_BYTES)
         fd = ours.fileno()
         wire.send_frame(fd, key)
         for _ in range(1000):  # a learner cell may write to the socket: only a signed "go" counts

@@ -29,7 +29,7 @@ def standin_notebook(code: str, lab: str = "00", **standin) -> nbformat.Notebook
 
 
 def standin_grader(path, cell_timeout_s, limits, *, secret, isolate):
-    """Same signature and report shape as ``labkit.instructor.grading.grade_notebook``."""
+    """Same signature and report shape as ``labkit.instructor.grader.grading.grade_notebook``."""
     notebook = json.loads(Path(path).read_text())
     plan = notebook["metadata"].get("standin", {})
     code = "".join(notebook["cells"][0]["source"]) if notebook["cells"] else ""

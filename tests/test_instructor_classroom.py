@@ -1,4 +1,4 @@
-"""labkit.instructor.classroom: a class graded on a local Dask cluster, its outputs, resuming, interrupts (#34, #36).
+"""labkit.instructor.cluster.classroom: a class graded on a local Dask cluster, its outputs, resuming, interrupts (#34, #36).
 
 The mechanics run with a stand-in grader (tests/grading_standins.py: milliseconds per submission instead of a
 walled notebook's seconds); the walled grader through a cluster is tests/test_instructor_cluster.py and the attack
@@ -18,8 +18,9 @@ import nbformat
 import pytest
 
 from grading_standins import standin_grader, standin_notebook
-from labkit.instructor import classroom, gradebook
-from labkit.instructor.results import ResultStore
+from labkit.instructor.cluster import classroom
+from labkit.instructor.grader import gradebook
+from labkit.instructor.grader.results import ResultStore
 
 HERE = Path(__file__).resolve().parent
 SECRET = b"classroom secret"
@@ -131,7 +132,7 @@ INTERRUPTED_RUN = """
 import sys
 from pathlib import Path
 from grading_standins import standin_grader
-from labkit.instructor import classroom
+from labkit.instructor.cluster import classroom
 try:
     classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), jobs=2, secret=b"k", grader=standin_grader,
                           progress=lambda line: print(line, flush=True))

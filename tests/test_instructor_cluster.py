@@ -1,4 +1,4 @@
-"""labkit.instructor.cluster: a class graded through a real Dask scheduler and worker processes on loopback (#34),
+"""labkit.instructor.workers.workers: a class graded through a real Dask scheduler and worker processes on loopback (#34),
 and through a real single-node SLURM as the README says (#43; its mechanics in tests/test_instructor_slurm.py).
 
 The test starts ``dask scheduler`` and two ``dask worker`` processes (each with its nanny) and stops them by their
@@ -23,10 +23,10 @@ import nbformat
 import pytest
 
 from grading_standins import standin_grader, standin_notebook
-from labkit.instructor import classroom, cluster
-from labkit.instructor.kernel_limits import Limits
-from labkit.instructor.results import ResultStore, content_hash, grading_context, result_key
-from labkit.instructor.sandbox import isolation_problem
+from labkit.instructor.cluster import classroom, workers
+from labkit.instructor.wall.kernel_limits import Limits
+from labkit.instructor.grader.results import ResultStore, content_hash, grading_context, result_key
+from labkit.instructor.wall.sandbox import isolation_problem
 from slurm_cluster import NO_SLURM, our_jobs, single_node_slurm, site_config
 from slurm_cluster import stop as _stop
 
@@ -141,7 +141,7 @@ RESUMABLE_RUN = """
 import sys
 from pathlib import Path
 from grading_standins import standin_grader
-from labkit.instructor import classroom
+from labkit.instructor.cluster import classroom
 classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), scheduler=sys.argv[3], worker_secret_file=Path(sys.argv[4]),
                       secret=b"cluster secret", grader=standin_grader, progress=None)
 """
@@ -191,7 +191,7 @@ def test_workers_without_the_wall_or_with_another_labkit_are_refused_with_the_re
 
         with Client(address, timeout=120) as client:
             client.wait_for_workers(2, timeout=300)
-        with pytest.raises(cluster.NoUsableWorkers) as refused:
+        with pytest.raises(workers.NoUsableWorkers) as refused:
             classroom.grade_class(tmp_path, tmp_path / "out", scheduler=address, secret=SECRET, progress=lines.append,
                                   worker_secret_file=tmp_path / "secret", grader=standin_grader)
     finally:
@@ -206,12 +206,12 @@ def test_workers_without_the_wall_or_with_another_labkit_are_refused_with_the_re
 
 def test_a_plain_tcp_scheduler_off_loopback_needs_tls_or_words():
     with pytest.raises(ValueError, match="plain TCP off this machine.*--insecure-plain-tcp"):
-        cluster.check_scheduler("tcp://10.1.2.3:8786")
-    assert cluster.check_scheduler("tcp://10.1.2.3:8786", insecure_plain_tcp=True) == "tcp"
-    assert cluster.check_scheduler("tls://10.1.2.3:8786") == "tls"
-    assert cluster.check_scheduler("tcp://127.0.0.1:8786") == "tcp"
+        workers.check_scheduler("tcp://10.1.2.3:8786")
+    assert workers.check_scheduler("tcp://10.1.2.3:8786", insecure_plain_tcp=True) == "tcp"
+    assert workers.check_scheduler("tls://10.1.2.3:8786") == "tls"
+    assert workers.check_scheduler("tcp://127.0.0.1:8786") == "tcp"
     with pytest.raises(ValueError, match="tcp:// or tls://"):
-        cluster.check_scheduler("inproc://x")
+        workers.check_scheduler("inproc://x")
 
 
 SOFTMAX = ("import torch\n\ndef softmax_with_temperature(logits, temperature):\n"

@@ -1,4 +1,4 @@
-"""labkit.instructor.grading: a submitted notebook is run headless and every exercise of its lab is scored."""
+"""labkit.instructor.grader.grading: a submitted notebook is run headless and every exercise of its lab is scored."""
 
 import csv
 import json
@@ -16,10 +16,14 @@ import pytest
 
 import labkit.exercises
 
-from labkit.instructor import classroom, grading, judging, watch, worker
+from labkit.instructor.cluster import classroom
+
+from labkit.instructor.grader import grading, judging
+
+from labkit.instructor.wall import answering, worker
 from labkit.exercises.definitions import Case, Exercise
 from labkit.exercises import exercises
-from labkit.instructor.kernel_limits import Confinement, Limits
+from labkit.instructor.wall.kernel_limits import Confinement, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +33,7 @@ def grade_here(lab, namespace, seed):
     them (as the answering step does, disarmed), the answers judged through JSON. The same data path as
     ``labkit grade``."""
     chosen, plan, drawn = judging.plan(lab, seed)
-    answered = json.loads(json.dumps(watch.answer_plan(namespace, json.loads(json.dumps({"exercises": plan})))))
+    answered = json.loads(json.dumps(answering.answer_plan(namespace, json.loads(json.dumps({"exercises": plan})))))
     return [judging.judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
 
 
@@ -163,7 +167,7 @@ def test_the_launcher_limits_memory_and_cpu_time():
     burn = ("try:\n    bytearray(50 * 2**30)\nexcept MemoryError:\n    print('MemoryError', flush=True)\n"
             "while True:\n    pass")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "labkit.instructor.kernel_limits", "--memory-mb", "512", "--cpu-seconds", "1",
+    result = subprocess.run([sys.executable, "-m", "labkit.instructor.wall.kernel_limits", "--memory-mb", "512", "--cpu-seconds", "1",
                              "--max-procs", "64", "--", sys.executable, "-c", burn],
                             capture_output=True, text=True, timeout=60)
     assert result.stdout == "MemoryError\n"
@@ -180,8 +184,8 @@ def test_limits_refuse_nonsense_with_the_argument_named():
 
 
 def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
-    monkeypatch.setattr("labkit.instructor.kernel_limits.make_pids_cgroup", lambda max_procs: None)
-    monkeypatch.setattr("labkit.instructor.kernel_limits.make_memory_cgroup", lambda memory_mb: None)
+    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_pids_cgroup", lambda max_procs: None)
+    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_memory_cgroup", lambda memory_mb: None)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with Confinement(Limits()) as confinement:
         assert confinement.describe()["processes"].startswith("not enforced")
@@ -242,7 +246,7 @@ def test_learner_text_reaches_neither_the_terminal_nor_a_spreadsheet_as_control_
 
 
 def test_without_a_working_wall_the_grader_refuses_unless_told_and_then_says_so(tmp_path, monkeypatch):
-    from labkit.instructor import sandbox
+    from labkit.instructor.wall import sandbox
 
     nbformat.write(_submission(FLAKY_ANSWER), tmp_path / "ana.ipynb")
     monkeypatch.setattr(sandbox, "isolation_problem", lambda: "bubblewrap is not installed (apt-get install bubblewrap)")
@@ -259,7 +263,7 @@ def test_without_a_working_wall_the_grader_refuses_unless_told_and_then_says_so(
 
 
 def test_the_wire_carries_plain_data_only():
-    from labkit.instructor import wire
+    from labkit.instructor.wall import wire
 
     class Loud(torch.Tensor):
         def __eq__(self, other):
@@ -282,7 +286,7 @@ def test_the_wire_carries_plain_data_only():
 
 
 def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
-    from labkit.instructor.review import review_notebook
+    from labkit.instructor.grader.review import review_notebook
 
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb")):
         assert review_notebook(nbformat.read(path, as_version=4), path.name[:2]) == [], path.name

@@ -25,9 +25,10 @@ import pytest
 
 import labkit
 import labkit.exercises.checking
-from labkit.instructor import classroom, grading
-from labkit.instructor.kernel_limits import Limits
-from labkit.instructor.sandbox import isolation_problem
+from labkit.instructor.cluster import classroom
+from labkit.instructor.grader import grading
+from labkit.instructor.wall.kernel_limits import Limits
+from labkit.instructor.wall.sandbox import isolation_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 SKIP_REASON = os.environ.get("LABKIT_SKIP_SANDBOX_TESTS", "").strip()
@@ -215,7 +216,7 @@ def _round_two_attacks() -> dict[str, tuple[str, ...]]:
             "import json, os, sys, pathlib\npathlib.Path('/job/out').mkdir(exist_ok=True)\n"
             "forged = {'00.softmax_temperature': {'outcomes': [{'value': 1.0}]}}\n"
             "pathlib.Path('/job/out/answers.json').write_text(json.dumps(forged))\n"
-            "sys.modules['labkit.instructor.worker'] = None\nsys.modules['labkit.instructor.watch'] = None\n",
+            "sys.modules['labkit.instructor.wall.worker'] = None\nsys.modules['labkit.instructor.wall.answering'] = None\n",
             *STUBS),
         "fifo": ("import os, sys\nos.makedirs('/job/out', exist_ok=True)\nos.mkfifo('/job/out/answers.json')\n"
                  "os.mkfifo('/job/out/status.json')\nsys.audit = lambda *args: None\n", *HONEST),

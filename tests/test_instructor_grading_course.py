@@ -17,9 +17,11 @@ import nbformat
 import pytest
 
 import honest_corpus
-from labkit.instructor import classroom, judging, watch
+from labkit.instructor.cluster import classroom
+from labkit.instructor.grader import judging
+from labkit.instructor.wall import answering
 from labkit.instructor.authoring import GRADER_SKIPS_TAG
-from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.wall.kernel_limits import Limits
 from test_instructor_grading_attacks import SKIP_REASON, require_sandbox
 
 ACCUSATIONS = ("may not", "a copy of", "forbidden")
@@ -84,7 +86,7 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     namespace: dict = {}
     exec(compile(honest_corpus.mistake_source(exercise, wrong), "<learner cell>", "exec"), namespace)  # noqa: S102
     _, plan, drawn = judging.plan(exercise.lab, seed=41 + index)
-    answers = watch.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
+    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
     assert (result["status"], result["points"]) == ("failed", 0), result
     assert not any(word in " ".join(result["details"]) for word in ACCUSATIONS), result["details"]
@@ -94,7 +96,7 @@ def _names(source: str) -> tuple[set[str], set[str]]:
     """(names a cell binds anywhere, names it reads anywhere): generous on purpose, so a doubt keeps a cell run."""
     import ast
 
-    from labkit.instructor.review import _python_of
+    from labkit.instructor.grader.review import _python_of
 
     bound, read = set(), set()
     for node in ast.walk(ast.parse(_python_of(source))):
@@ -113,7 +115,7 @@ def test_the_cells_the_grader_skips_feed_nothing_that_is_graded(lab):
     exercise is in it, no later cell the grader runs reads a name it binds, and both copies tag the same cells
     (the grader matches a submission's cells to the learner copy's by source)."""
     from labkit.exercises import exercises
-    from labkit.instructor.review import course_cells
+    from labkit.instructor.grader.review import course_cells
 
     graded_names = {exercise.function for exercise in exercises(lab)}
     skipped = course_cells(lab, GRADER_SKIPS_TAG)

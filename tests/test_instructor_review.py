@@ -1,10 +1,10 @@
-"""labkit.instructor.review: the static read follows names through the notebook and stays bounded."""
+"""labkit.instructor.grader.review: the static read follows names through the notebook and stays bounded."""
 
 import time
 
 import nbformat
 
-from labkit.instructor.review import MAX_CELL_BYTES, review_notebook
+from labkit.instructor.grader.review import MAX_CELL_BYTES, review_notebook
 
 
 def _notebook(*sources: str) -> nbformat.NotebookNode:

@@ -1,4 +1,4 @@
-"""labkit.instructor.sandbox: nothing of the host inside the wall, and nothing of the run left outside it."""
+"""labkit.instructor.wall.sandbox: nothing of the host inside the wall, and nothing of the run left outside it."""
 
 import os
 import subprocess
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from labkit.instructor import sandbox
-from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.wall import sandbox
+from labkit.instructor.wall.kernel_limits import Limits
 
 needs_wall = pytest.mark.skipif(sandbox.isolation_problem() is not None and bool(
     os.environ.get("LABKIT_SKIP_SANDBOX_TESTS")), reason="LABKIT_SKIP_SANDBOX_TESTS is set")

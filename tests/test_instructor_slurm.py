@@ -1,4 +1,4 @@
-"""labkit.instructor.jobqueue: a class graded on a real single-node SLURM (#43), as the README says to.
+"""labkit.instructor.workers.jobqueue: a class graded on a real single-node SLURM (#43), as the README says to.
 
 The module's fixture brings up munged, slurmctld and slurmd in a temporary folder (tests/slurm_cluster.py) and
 reads the README's configuration file, docs/slurm/jobqueue.yaml, changing only its two lines marked "your site"
@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from grading_standins import standin_grader, standin_notebook
-from labkit.instructor import classroom, cluster, jobqueue
-from labkit.instructor.results import ResultStore
+from labkit.instructor.cluster import classroom, jobqueue, workers
+from labkit.instructor.grader.results import ResultStore
 from slurm_cluster import NO_JOBQUEUE, NO_SLURM, our_jobs, single_node_slurm, site_config
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ import sys
 from pathlib import Path
 import dask
 from grading_standins import standin_grader
-from labkit.instructor import classroom
+from labkit.instructor.cluster import classroom
 classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), jobs=2, cluster="slurm", secret=b"slurm secret",
                       grader=standin_grader)
 """
@@ -164,7 +164,7 @@ def test_a_job_whose_worker_cannot_start_says_why_within_the_wait(slurm, tmp_pat
     nbformat.write(standin_notebook("right"), tmp_path / "ana.ipynb")
     config = site_config(tmp_path / "dask", slurm["partition"], **{"worker-extra-args": ["--no-such-option"]})
     lines = []
-    with _dask_config(config), pytest.raises(cluster.NoUsableWorkers) as refused:
+    with _dask_config(config), pytest.raises(workers.NoUsableWorkers) as refused:
         classroom.grade_class(tmp_path, tmp_path / "out", jobs=2, cluster="slurm", secret=SECRET,
                               grader=standin_grader, progress=lines.append)
     jobs = tmp_path / "out-jobs"
@@ -216,7 +216,7 @@ def test_the_job_script_has_one_single_threaded_worker_without_memory_limit_and_
 
 @needs_jobqueue
 def test_importing_dask_jobqueue_leaves_ctrl_c_as_it_was():
-    probe = ("import signal\nfrom labkit.instructor.jobqueue import import_cluster_class\n"
+    probe = ("import signal\nfrom labkit.instructor.workers.jobqueue import import_cluster_class\n"
              "before = signal.getsignal(signal.SIGINT)\nimport_cluster_class('slurm')\n"
              "import dask_jobqueue.runner\nprint(signal.getsignal(signal.SIGINT) is before, "
              "signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")
@@ -247,13 +247,13 @@ class _Worker:
 
 
 def test_a_worker_past_its_last_start_leaves_once_between_submissions_and_one_without_lifetime_never():
-    plugin = cluster.GraderPlugin({}, True, "id", secret=b"s", leave_after_s=100.0)
+    plugin = workers.GraderPlugin({}, True, "id", secret=b"s", leave_after_s=100.0)
     worker = _Worker()
     assert not plugin.should_leave(worker, age_s=100.0)  # exactly at it: one more submission still fits
     assert plugin.should_leave(worker, age_s=100.5) and plugin.should_leave(worker, age_s=200.0)
-    assert worker.events == [(cluster.LEAVING, {"worker": worker.address, "age_s": 100})]
+    assert worker.events == [(workers.LEAVING, {"worker": worker.address, "age_s": 100})]
     assert worker.callbacks == [(worker.close_gracefully, {"reason": "labkit: leaving before its lifetime"})]
-    forever = cluster.GraderPlugin({}, True, "id", secret=b"s")
+    forever = workers.GraderPlugin({}, True, "id", secret=b"s")
     assert not forever.should_leave(_Worker(), age_s=10**9)
 
 
@@ -263,7 +263,7 @@ def test_a_worker_that_refuses_says_why_and_where_its_jobs_log_is(slurm, tmp_pat
     venv_only = str(Path(sys.executable).parent)  # no /usr/bin: no bwrap for this job's worker
     config = site_config(tmp_path / "dask", slurm["partition"], **{"job-script-prologue": [f"export PATH={venv_only}"]})
     lines = []
-    with _dask_config(config), pytest.raises(cluster.NoUsableWorkers) as refused:
+    with _dask_config(config), pytest.raises(workers.NoUsableWorkers) as refused:
         classroom.grade_class(tmp_path, tmp_path / "out", jobs=1, cluster="slurm", secret=SECRET,
                               grader=standin_grader, progress=lines.append)
     said = [line for line in lines if " refused to grade: it cannot wall off submissions: bubblewrap is not "

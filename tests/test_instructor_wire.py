@@ -1,4 +1,4 @@
-"""labkit.instructor.wire: every value, outcome and message that crosses the grader's wall, there and back."""
+"""labkit.instructor.wall.wire: every value, outcome and message that crosses the grader's wall, there and back."""
 
 import os
 import threading
@@ -11,7 +11,7 @@ from labkit.core.spec import ModelSpec
 from labkit.core.timing import ScriptedClock
 from labkit.exercises.calling import FLOOD_CHARS, Outcome
 from labkit.exercises.checking import ReportedError
-from labkit.instructor import wire
+from labkit.instructor.wall import wire
 
 
 def test_values_round_trip_bit_for_bit_and_objects_only_where_cases_go():

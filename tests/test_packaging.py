@@ -119,7 +119,10 @@ def test_every_module_lives_in_a_layer_folder():
     folders = {p.name for p in (ROOT / "labkit").iterdir() if (p / "__init__.py").exists()}
     assert folders == set(LAYERS)
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    assert set(packages) == {"labkit", "labkit.data", *(f"labkit.{name}" for name in LAYERS)}
+    # The instructor layer is split by trust boundary (docs/DESIGN.md): the grader, the wall, the cluster.
+    inner = {f"labkit.instructor.{p.name}" for p in (ROOT / "labkit" / "instructor").iterdir() if (p / "__init__.py").exists()}
+    assert inner == {"labkit.instructor.grader", "labkit.instructor.wall", "labkit.instructor.cluster"}
+    assert set(packages) == {"labkit", "labkit.data", *(f"labkit.{name}" for name in LAYERS), *inner}
 
 
 def test_the_readme_layout_names_every_module_in_its_layer_row():
@@ -128,7 +131,7 @@ def test_the_readme_layout_names_every_module_in_its_layer_row():
     assert "**Vocabulary.**" in layout
     for folder in LAYERS:
         row = next(line for line in layout.splitlines() if line.startswith(f"| `labkit/{folder}/` |"))
-        modules = sorted(p.stem for p in (ROOT / "labkit" / folder).glob("*.py") if p.name != "__init__.py")
+        modules = sorted(p.stem for p in (ROOT / "labkit" / folder).rglob("*.py") if p.name != "__init__.py")
         missing = [name for name in modules if f"`{name}`" not in row]
         assert missing == [], f"README's layout row for labkit/{folder}/ does not name {missing}"
 

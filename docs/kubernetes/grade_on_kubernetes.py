@@ -47,7 +47,7 @@ def labkit_cluster_spec(image: str, n_workers: int) -> dict:
 if __name__ == "__main__":  # not run by the tests: it needs a Kubernetes cluster with the operator
     from dask_kubernetes.operator import KubeCluster
 
-    from labkit.instructor.classroom import grade_class
+    from labkit.instructor.cluster.classroom import grade_class
 
     folder, image, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
     with KubeCluster(custom_cluster_spec=labkit_cluster_spec(image, workers)) as cluster:

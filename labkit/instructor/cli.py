@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from labkit.instructor.kernel_limits import Limits
+from labkit.instructor.wall.kernel_limits import Limits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
-    from labkit.instructor.grading import IsolationUnavailable, format_report, grade_notebook
-    from labkit.instructor.judging import grading_secret
+    from labkit.instructor.grader.grading import IsolationUnavailable, format_report, grade_notebook
+    from labkit.instructor.grader.judging import grading_secret
 
     if args.cell_timeout < 1:
         parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")
@@ -136,7 +136,7 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(str(error))
     print(format_report(report))
     if args.json:
-        from labkit.instructor.classroom import write_atomically
+        from labkit.instructor.cluster.classroom import write_atomically
 
         write_atomically(args.json, json.dumps(report, indent=2))
         print(f"wrote {args.json}")
@@ -144,8 +144,8 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, limits: Limits,
                   options: dict) -> None:
-    from labkit.instructor.classroom import format_class_summary, grade_class
-    from labkit.instructor.grading import IsolationUnavailable
+    from labkit.instructor.cluster.classroom import format_class_summary, grade_class
+    from labkit.instructor.grader.grading import IsolationUnavailable
 
     out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
     tls = [args.tls_ca_file, args.tls_cert, args.tls_key]
@@ -180,7 +180,7 @@ def _kept_secret_file() -> Path | None:
     """The secret file labkit keeps (when no $LABKIT_GRADING_SECRET overrides it): workers on this machine or a
     shared home read the same file."""
     from labkit.exercises.progress import progress_path
-    from labkit.instructor.judging import SECRET_ENV
+    from labkit.instructor.grader.judging import SECRET_ENV
 
     return None if os.environ.get(SECRET_ENV) else progress_path().with_name("grading-secret")
 

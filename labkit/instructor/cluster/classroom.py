@@ -3,12 +3,12 @@
 A notebook directly inside the folder belongs to the learner named by its file's stem, a notebook in a subfolder
 to the learner named by the subfolder. :func:`grade_class` checks every file on this machine first (a link, a file
 too large, not a notebook, no lab: a note on its learner's row, never shipped), then grades each distinct
-submission once, walled off on a worker (:mod:`labkit.instructor.cluster`; ``jobs`` local worker processes, or a
-running scheduler). Each finished report is kept at once in the result store (:mod:`labkit.instructor.results`),
+submission once, walled off on a worker (:mod:`labkit.instructor.cluster.workers`; ``jobs`` local worker processes, or a
+running scheduler). Each finished report is kept at once in the result store (:mod:`labkit.instructor.grader.results`),
 so the same command run again after an interruption grades only what is missing and writes the same gradebook.
 This process is the only writer of the output folder::
 
-    OUT/gradebook.csv      one row per learner (see labkit.instructor.gradebook)
+    OUT/gradebook.csv      one row per learner (see labkit.instructor.grader.gradebook)
     OUT/class.png          per exercise passed / failed / not attempted, and the score distribution
     OUT/reports/NAME.json  one report per submission; NAME is its path in the class, URL-quoted ("/" is %2F)
     OUT/results/KEY.json   the result store
@@ -29,10 +29,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
-from labkit.instructor.gradebook import csv_safe, csv_text, format_class_summary, gradebook, plain  # noqa: F401
-from labkit.instructor.grading import printable
-from labkit.instructor.kernel_limits import Limits
-from labkit.instructor.results import (STORE, ResultStore, content_hash, grading_context, result_key,
+from labkit.instructor.grader.gradebook import csv_safe, csv_text, format_class_summary, gradebook, plain  # noqa: F401
+from labkit.instructor.grader.grading import printable
+from labkit.instructor.wall.kernel_limits import Limits
+from labkit.instructor.grader.results import (STORE, ResultStore, content_hash, grading_context, result_key,
                                        write_atomically)
 
 JOB_WAIT_S = 1800  # how long --cluster slurm waits for its first worker (a busy queue may hold the jobs)
@@ -107,7 +107,7 @@ def _check_submission(path: Path) -> tuple[bytes, str, str]:
     """(bytes, lab, code hash) of a submission this machine accepts for shipping; raises with the reason."""
     import nbformat
 
-    from labkit.instructor.grading import lab_of, read_submission
+    from labkit.instructor.grader.grading import lab_of, read_submission
 
     data = read_submission(path)
     notebook = nbformat.reads(data.decode("utf-8", errors="replace"), as_version=4)
@@ -125,18 +125,18 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
                 worker_secret_file: Path | None = None, bar: bool = False, dashboard: bool = False,
                 grader: Callable[..., dict[str, Any]] | None = None, cluster: str = "local") -> list[dict[str, Any]]:
     """Grade every submission in ``folder`` on ``jobs`` local workers (``cluster="slurm"``: ``jobs`` batch jobs,
-    :mod:`labkit.instructor.jobqueue`; or the running cluster at ``scheduler``); write the reports, the gradebook
+    :mod:`labkit.instructor.cluster.jobqueue`; or the running cluster at ``scheduler``); write the reports, the gradebook
     and the class picture to ``out``. Returns the reports in path order.
 
-    ``secret`` salts the random cases (default :func:`~labkit.instructor.judging.grading_secret`); it reaches the
+    ``secret`` salts the random cases (default :func:`~labkit.instructor.grader.judging.grading_secret`); it reaches the
     workers once each, over TLS; over a plain-TCP ``scheduler`` (loopback, or anywhere with
     ``insecure_plain_tcp``) each worker reads it from ``worker_secret_file`` instead. ``grader`` replaces
-    :func:`~labkit.instructor.grading.grade_notebook` on the workers (same signature; the benchmarks' stand-in).
+    :func:`~labkit.instructor.grader.grading.grade_notebook` on the workers (same signature; the benchmarks' stand-in).
     On an interrupt (Ctrl-C) every sandbox is stopped, what was finished is written (the rest noted on its rows)
     and ``KeyboardInterrupt`` is raised again. When no worker can grade, what was finished is written (the rest
-    noted with the reason) and :class:`~labkit.instructor.cluster.NoUsableWorkers` is raised again.
+    noted with the reason) and :class:`~labkit.instructor.cluster.workers.NoUsableWorkers` is raised again.
     """
-    from labkit.instructor.judging import grading_secret
+    from labkit.instructor.grader.judging import grading_secret
 
     folder, out = Path(folder), Path(out)
     say = progress or (lambda line: None)
@@ -151,13 +151,13 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
     plan = None
     if cluster != "local":
-        from labkit.instructor.cluster import GRADER_MEMORY_BYTES
-        from labkit.instructor.jobqueue import plan_jobs
+        from labkit.instructor.cluster.workers import GRADER_MEMORY_BYTES
+        from labkit.instructor.cluster.jobqueue import plan_jobs
 
         plan = plan_jobs(cluster, jobs, out, _deadline_s({"limits": limits, "cell_timeout_s": cell_timeout_s}),
                          limits.total_memory_mb * 2**20 + GRADER_MEMORY_BYTES)
     if scheduler is None and plan is None and isolate:
-        from labkit.instructor.grading import require_isolation
+        from labkit.instructor.grader.grading import require_isolation
 
         require_isolation()
     secret = grading_secret() if secret is None else secret
@@ -178,7 +178,7 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     failures: dict[str, str] = {}
     started, workers, interrupted, unusable = time.monotonic(), 0, False, None
     if todo:
-        from labkit.instructor.cluster import NoUsableWorkers
+        from labkit.instructor.cluster.workers import NoUsableWorkers
 
         try:
             workers = _grade_on_cluster(todo, entries, store, failures, say, jobs=jobs, scheduler=scheduler,
@@ -213,10 +213,10 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
     """Grade the submissions of ``todo`` (key -> path), storing each report as it comes; the number of workers."""
     from tqdm.auto import tqdm
 
-    from labkit.instructor.cluster import (PLUGIN, ClassRun, GraderPlugin, machine_identity, open_client,
+    from labkit.instructor.cluster.workers import (PLUGIN, ClassRun, GraderPlugin, machine_identity, open_client,
                                           prepare_model_cache)
-    from labkit.instructor.grading import read_submission
-    from labkit.instructor.results import secret_identity
+    from labkit.instructor.grader.grading import read_submission
+    from labkit.instructor.grader.results import secret_identity
 
     prepare_model_cache()  # once on this machine, before any local worker starts
     with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp, plan=plan,
@@ -231,7 +231,7 @@ def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]]
             run = ClassRun(client, options, deadline_s=_deadline_s(options), say=write)
             watch = None
             if plan is not None:  # before the plugin: a worker may refuse (naming its job's log) as soon as it has it
-                from labkit.instructor.jobqueue import JobWatch
+                from labkit.instructor.cluster.jobqueue import JobWatch
 
                 watch = JobWatch(client.cluster, plan.kind)
                 run.log_of_worker = watch.log_of_worker
@@ -310,7 +310,7 @@ def _assemble(submissions: list[tuple[str, Path]], entries: dict[Path, dict[str,
 
 
 def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]], reports: list[dict[str, Any]]) -> None:
-    from labkit.instructor.class_picture import save_class_picture
+    from labkit.instructor.grader.class_picture import save_class_picture
 
     for (_, path), report in zip(submissions, reports):
         write_atomically(report_path(out, folder, path), json.dumps(report, indent=2))

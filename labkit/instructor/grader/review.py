@@ -129,7 +129,7 @@ def _imports(tree: ast.AST) -> dict[str, str]:
 
 
 def refusals(notebook: Any, refused: Any) -> list[dict[str, Any]]:
-    """What the grader's audit hook refused while the notebook ran (``labkit.instructor.watch``: each with the
+    """What the grader's audit hook refused while the notebook ran (``labkit.instructor.wall.answering``: each with the
     refused line's number and text), as findings: the cell is the first code cell holding that line, or None."""
     found = []
     for item in (refused if isinstance(refused, list) else [])[:20]:

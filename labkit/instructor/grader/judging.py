@@ -59,7 +59,7 @@ def plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str
     the cases drawn (or the reason labkit could not draw them)."""
     from labkit.exercises import exercises
     from labkit.exercises.checking import draw_cases
-    from labkit.instructor import wire
+    from labkit.instructor.wall import wire
 
     chosen, plan, drawn = exercises(lab), [], {}
     for exercise in chosen:
@@ -82,7 +82,7 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[
     did not run, or did not hand back signed answers): every exercise fails with it."""
     from labkit.exercises.checking import check_function, code_verdict, labkit_error, prediction_verdict
     from labkit.exercises.definitions import Verdict
-    from labkit.instructor.wire import outcome_from_plain
+    from labkit.instructor.wall.wire import outcome_from_plain
 
     answer = answers.get(exercise.id) if isinstance(answers, dict) else None
     if isinstance(cases, BaseException):

@@ -1,7 +1,7 @@
 """One submission's run, walled off: Debian's bubblewrap around the notebook, the limits of ``kernel_limits`` on it.
 
 Inside the wall the submission sees a private folder (``/job``: its own copy of the notebook and its home) and
-``/tmp``, both on one filesystem of :attr:`~labkit.instructor.kernel_limits.Limits.disk_mb` held in memory
+``/tmp``, both on one filesystem of :attr:`~labkit.instructor.wall.kernel_limits.Limits.disk_mb` held in memory
 (nothing is written on the grader's disk, and nothing is left to clean up: the folder ends with the run), and
 read-only the system's programs and libraries, the Python environment, the labkit package and the embedded
 model's cache; of ``/etc`` only what a program needs to start (the loader's cache, the time zone) and a
@@ -15,7 +15,7 @@ grader's reach as ``nobody`` (a Python under ``/root``) are handed to bubblewrap
 The run has no network (its own empty network namespace), its own PID namespace (it cannot see or signal the
 grader, and when the run ends the kernel kills everything left in it), no capabilities, a new terminal session
 (it cannot type into the instructor's terminal), and the limits of
-:class:`~labkit.instructor.kernel_limits.Limits`: memory of all its processes together, memory per process, CPU
+:class:`~labkit.instructor.wall.kernel_limits.Limits`: memory of all its processes together, memory per process, CPU
 time, the number of tasks, bytes per file, and a wall time after which everything is killed. What it prints is
 read by the grader up to a cap, the rest counted and dropped. The grader and the worker inside talk over two
 pipes only (:func:`run_walled`'s ``exchange``): the grader never opens a file the submission could have made.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from labkit.instructor.kernel_limits import Confinement, Limits
+from labkit.instructor.wall.kernel_limits import Confinement, Limits
 
 LOG_TAIL_BYTES = 64 * 1024  # what the grader keeps of a run's own printing (the rest is counted)
 INSIDE_JOB = "/job"

@@ -1,20 +1,20 @@
 """Grading a submitted notebook: the grader judges, the learner's notebook only answers.
 
 The grader (this process, trusted) owns the exercises of the lab, draws their cases, computes labkit's answers,
-compares and gives the points. The submission runs walled off (:mod:`labkit.instructor.sandbox`): a worker
-(:mod:`labkit.instructor.worker`) executes a private copy of the notebook in a kernel, then calls the learner's
+compares and gives the points. The submission runs walled off (:mod:`labkit.instructor.wall.sandbox`): a worker
+(:mod:`labkit.instructor.wall.worker`) executes a private copy of the notebook in a kernel, then calls the learner's
 functions on the case inputs the grader wrote, and hands back what they returned as plain data
-(:mod:`labkit.instructor.wire`). Nothing the notebook prints is parsed; no object of the learner's takes part
+(:mod:`labkit.instructor.wall.wire`). Nothing the notebook prints is parsed; no object of the learner's takes part
 in a comparison; no expected value ever enters the wall.
 
 Random cases are drawn from a seed made of an instructor secret and the submission's code, so a learner cannot
 know them beforehand, and grading the same submission again (with the same secret) gives the same grade. The
 secret is ``--secret-file``'s content, else ``$LABKIT_GRADING_SECRET``, else a random one labkit makes once and
 keeps in the user data directory (``grading-secret``). An exercise may add grader-only hand cases
-(``Exercise.grader_cases``). A static read of the submission's code (:mod:`labkit.instructor.review`) lists what
+(``Exercise.grader_cases``). A static read of the submission's code (:mod:`labkit.instructor.grader.review`) lists what
 only a cheat needs, for the instructor to look at.
 
-A class (a folder of submissions, a CSV gradebook) is ``labkit.instructor.classroom``.
+A class (a folder of submissions, a CSV gradebook) is ``labkit.instructor.cluster.classroom``.
 
     labkit grade submission.ipynb [--json grades.json] [--cell-timeout 120]
     labkit grade submissions/ [--out submissions-grades] [--jobs 2]
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.judging import JUDGE, grading_secret, judge, plan, submission_seed
-from labkit.instructor.kernel_limits import SUBMISSION_BYTES, Limits
-from labkit.instructor.review import summary_text
+from labkit.instructor.grader.judging import JUDGE, grading_secret, judge, plan, submission_seed
+from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES, Limits
+from labkit.instructor.grader.review import summary_text
 
 # Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
 # move the instructor's cursor, recolour the terminal or rewrite its title.
@@ -63,7 +63,7 @@ MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
 
 def require_isolation() -> None:
     """Raise :class:`IsolationUnavailable`, saying why and what to do, when submissions cannot be walled off."""
-    from labkit.instructor.sandbox import isolation_problem
+    from labkit.instructor.wall.sandbox import isolation_problem
 
     problem = isolation_problem()
     if problem:
@@ -117,8 +117,8 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     """
     import nbformat
 
-    from labkit.instructor import sandbox
-    from labkit.instructor.review import refusals, review_notebook
+    from labkit.instructor.wall import sandbox
+    from labkit.instructor.grader.review import refusals, review_notebook
 
     path = Path(path)
     if isolate:
@@ -137,7 +137,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
 
     def exchange(read_fd: int, write_fd: int) -> None:
         """The grader's end of the pipes: the cases only when the worker's answering step asks, then its result."""
-        from labkit.instructor import wire
+        from labkit.instructor.wall import wire
 
         while True:
             try:
@@ -162,7 +162,7 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
             (job / "home").mkdir(parents=True)
         inside = Path(sandbox.INSIDE_JOB) if isolate else job
         run = sandbox.run_walled(
-            [sys.executable, "-I", "-m", "labkit.instructor.worker", "--job", str(inside), "--lab", lab,
+            [sys.executable, "-I", "-m", "labkit.instructor.wall.worker", "--job", str(inside), "--lab", lab,
              "--to-grader", "{from_worker}", "--from-grader", "{to_worker}",
              "--cell-timeout", str(cell_timeout_s), "--answer-timeout", str(max(cell_timeout_s, 300)),
              "--output-bytes", str(limits.output_mb * 2**20), "--budget-seconds", str(limits.budget_seconds),
@@ -210,7 +210,7 @@ def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[i
     import nbformat
 
     from labkit.instructor.authoring import GRADER_SKIPS_TAG
-    from labkit.instructor.review import course_cells
+    from labkit.instructor.grader.review import course_cells
 
     skipped = course_cells(lab, GRADER_SKIPS_TAG)
     not_run = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code" and

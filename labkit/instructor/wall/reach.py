@@ -110,7 +110,7 @@ def _filled(cell: Any) -> bool:
 def forbidden_codes(exercise: Any) -> Reached:
     """The labkit code ``exercise``'s learner may not reach: what its reference and forbidden list reach, less
     what its allowed helpers and the labkit objects a case hands the learner reach."""
-    from labkit.instructor.wire import case_classes
+    from labkit.instructor.wall.wire import case_classes
 
     from labkit.exercises.definitions import dotted_name
 

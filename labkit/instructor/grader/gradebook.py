@@ -16,8 +16,8 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grading import printable
-from labkit.instructor.review import summary_text
+from labkit.instructor.grader.grading import printable
+from labkit.instructor.grader.review import summary_text
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
@@ -54,7 +54,7 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     submission (labs in order, each lab's exercises in registration order) holding the points earned, then
     ``total``, ``max`` (the points available in the labs that learner handed in), ``predictions close`` (how
     many of the predictions in those labs came close, "k/n": accuracy, apart from the points), ``review`` (code
-    in the counted submissions worth the instructor's look, by cell and line; see :mod:`labkit.instructor.review`)
+    in the counted submissions worth the instructor's look, by cell and line; see :mod:`labkit.instructor.grader.review`)
     and ``notes`` (including "not isolated" when a submission ran without the wall, and who handed in the same
     code). A cell is empty where the learner handed in no submission of that exercise's lab. When a learner
     handed in one lab twice, the better submission counts and the note says so. A submission that could not be

@@ -2,7 +2,7 @@
 
 ``labkit grade FOLDER --jobs N`` starts a local cluster (N single-threaded worker processes on this machine, TLS
 with certificates made for the run); ``--cluster slurm --jobs N`` N batch jobs of one worker each
-(:mod:`labkit.instructor.jobqueue`); ``--scheduler tls://host:8786`` uses a running one (Kubernetes through
+(:mod:`labkit.instructor.cluster.jobqueue`); ``--scheduler tls://host:8786`` uses a running one (Kubernetes through
 dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Every way:
 
 - every worker gets :class:`GraderPlugin` before it takes work. It checks that its labkit (version and code), its
@@ -19,7 +19,7 @@ dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Every way:
   memory limit is off for the local cluster (the sandbox bounds the notebook, which the nanny cannot see).
 
 Dask keeps no state across a scheduler restart and drops a disconnected client's tasks: resuming is
-:mod:`labkit.instructor.results`' job.
+:mod:`labkit.instructor.grader.results`' job.
 
 Layer 5 (instructor tools).
 """
@@ -110,7 +110,7 @@ def machine_identity() -> dict[str, str]:
     import torch
 
     import labkit
-    from labkit.instructor.results import code_identity
+    from labkit.instructor.grader.results import code_identity
 
     return {"labkit": labkit.__version__, "labkit code": code_identity(), "torch": torch.__version__,
             "model cache": prepare_model_cache()}
@@ -143,7 +143,7 @@ class GraderPlugin(WorkerPlugin):
 
     def _check(self, worker: Any) -> str | None:
         import labkit
-        from labkit.instructor.results import code_identity, secret_identity
+        from labkit.instructor.grader.results import code_identity, secret_identity
 
         if labkit.__version__ != self.expected["labkit"]:
             return f"labkit {labkit.__version__} here, {self.expected['labkit']} on the client"
@@ -160,13 +160,13 @@ class GraderPlugin(WorkerPlugin):
                     f"{GRADER_MEMORY_BYTES // 2**30} GiB; start workers with --memory-limit 0: the wall bounds "
                     "each notebook)")
         if self.isolate:
-            from labkit.instructor.sandbox import isolation_problem
+            from labkit.instructor.wall.sandbox import isolation_problem
 
             problem = isolation_problem()
             if problem:
                 return f"it cannot wall off submissions: {problem}"
         if self.secret is None:
-            from labkit.instructor.judging import grading_secret
+            from labkit.instructor.grader.judging import grading_secret
 
             try:
                 self.secret = grading_secret(Path(self.secret_file))
@@ -208,7 +208,7 @@ def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate
     worker = get_worker()
     worker.log_event(STARTED, {"key": worker.get_current_task(), "worker": worker.address})
     if grader is None:
-        from labkit.instructor.grading import grade_notebook as grader
+        from labkit.instructor.grader.grading import grade_notebook as grader
     with tempfile.TemporaryDirectory(prefix="labkit-submission-") as scratch:
         path = Path(scratch) / name
         path.write_bytes(data)
@@ -219,7 +219,7 @@ def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate
 
 
 def _stop_sandboxes() -> int:
-    from labkit.instructor.sandbox import stop_all
+    from labkit.instructor.wall.sandbox import stop_all
 
     stop_all()
     return 0
@@ -231,7 +231,7 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
                 say: Callable[[str], None] = print) -> Iterator[tuple[Client, bool]]:
     """A client of a local cluster of ``jobs`` single-threaded worker processes (TLS on loopback with certificates
     made for this run, the nanny's memory limit off, its dashboard on a free port), of the batch cluster of
-    ``plan`` (a :class:`~labkit.instructor.jobqueue.JobPlan`; its choices are said once), or of the running
+    ``plan`` (a :class:`~labkit.instructor.cluster.jobqueue.JobPlan`; its choices are said once), or of the running
     scheduler at ``scheduler``.
     Yields (client, whether the connection is encrypted)."""
     import logging
@@ -239,7 +239,7 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
     import dask
 
     if plan is not None:
-        from labkit.instructor.jobqueue import open_jobqueue_cluster
+        from labkit.instructor.cluster.jobqueue import open_jobqueue_cluster
 
         with open_jobqueue_cluster(plan, say, {"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
                                                "distributed.scheduler.worker-saturation": WORKER_SATURATION}) as c:
@@ -323,7 +323,7 @@ class ClassRun:
 
     def usable_workers(self, timeout_s: float = 120, watch: Any = None, jobs: int = 0) -> int:
         """Wait for a worker to be ready; the number of workers that did not refuse (NoUsableWorkers if none).
-        ``watch`` (a :class:`~labkit.instructor.jobqueue.JobWatch`) says why a batch job's worker never joined, as
+        ``watch`` (a :class:`~labkit.instructor.cluster.jobqueue.JobWatch`) says why a batch job's worker never joined, as
         soon as its job's log shows it; once ``jobs`` jobs ended so, the wait ends."""
         deadline = time.monotonic() + timeout_s
         while True:

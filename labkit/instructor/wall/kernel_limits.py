@@ -1,10 +1,10 @@
 """Resource limits for one submission's run: memory, CPU time, processes, file size.
 
-The grader starts each run (bubblewrap and the worker inside it, see :mod:`labkit.instructor.sandbox`) through
+The grader starts each run (bubblewrap and the worker inside it, see :mod:`labkit.instructor.wall.sandbox`) through
 this launcher, which applies the limits to itself and then execs the command, so everything the run starts
 inherits them::
 
-    python -m labkit.instructor.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 \\
+    python -m labkit.instructor.wall.kernel_limits --memory-mb 4096 --cpu-seconds 900 --max-procs 256 \\
         --output-mb 16 [--cgroup DIR ...] -- COMMAND ...
 
 What is enforced, and how:
@@ -199,7 +199,7 @@ class Confinement:
         limits = self.limits
         cgroups = [arg for group in self._cgroups() if group for arg in ("--cgroup", str(group))]
         as_user = ([] if user is None else ["--user", str(user)]) + list(staged)
-        return [sys.executable, "-m", "labkit.instructor.kernel_limits", *cgroups, *as_user,
+        return [sys.executable, "-m", "labkit.instructor.wall.kernel_limits", *cgroups, *as_user,
                 "--memory-mb", str(limits.memory_mb), "--cpu-seconds", str(limits.cpu_seconds),
                 "--max-procs", str(limits.max_procs), "--output-mb", str(limits.output_mb), "--"]
 
@@ -318,9 +318,9 @@ def apply_limits(limits: Limits, cgroups: list[Path], user: int | None = None,
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        raise SystemExit("usage: python -m labkit.instructor.kernel_limits [options] -- COMMAND ...")
+        raise SystemExit("usage: python -m labkit.instructor.wall.kernel_limits [options] -- COMMAND ...")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m labkit.instructor.kernel_limits")
+    parser = argparse.ArgumentParser(prog="python -m labkit.instructor.wall.kernel_limits")
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--cpu-seconds", type=int, required=True)
     parser.add_argument("--max-procs", type=int, required=True)

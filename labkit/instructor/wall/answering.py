@@ -64,7 +64,7 @@ _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a f
 
 def prologue(fd: int, lab: str) -> str:
     """The worker's first cell: :func:`install` on the kernel's end of the socket ``fd``, for ``lab``."""
-    return f"import labkit.instructor.watch as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\ndel _labkit_watch"
+    return f"import labkit.instructor.wall.answering as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\ndel _labkit_watch"
 
 
 def install(fd: int, lab: str) -> None:
@@ -81,7 +81,7 @@ def install(fd: int, lab: str) -> None:
     import labkit
     from labkit.exercises import calling, exercises
     from labkit.exercises.deadline import Deadline, is_checker_code as checker
-    from labkit.instructor import wire
+    from labkit.instructor.wall import wire
 
     key: bytes | None = wire.read_frame(fd, KEY_BYTES, timeout_s=60)
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
@@ -253,7 +253,7 @@ def install(fd: int, lab: str) -> None:
 def _signer(key: bytes, step_code: types.CodeType, getframe: Callable[[int], Any]) -> Callable[[bytes], bytes]:
     """``sign(payload)``: the payload signed with ``key``, for a caller running ``step_code`` only. The key is the
     function's keyword default (its closure holds no secret); the audit hook refuses every read of it."""
-    from labkit.instructor.wire import sign as sign_with
+    from labkit.instructor.wall.wire import sign as sign_with
 
     def sign(payload: bytes, *, _key: bytes = b"") -> bytes:
         if getframe(1).f_code is not step_code:
@@ -311,8 +311,8 @@ class Kit:
     def __init__(self, chosen: list[Any]) -> None:
         from labkit.exercises.calling import FLOOD_CHARS, call_safely, plain
         from labkit.exercises.definitions import Case
-        from labkit.instructor import wire
-        from labkit.instructor.reach import forbidden_codes
+        from labkit.instructor.wall import wire
+        from labkit.instructor.wall.reach import forbidden_codes
 
         self.exercises = {exercise.id: exercise for exercise in chosen}
         self.forbidden = {exercise.id: forbidden_codes(exercise) for exercise in chosen}

@@ -1,8 +1,8 @@
-"""The grading worker: runs inside the wall (:mod:`labkit.instructor.sandbox`), never trusted by the grader.
+"""The grading worker: runs inside the wall (:mod:`labkit.instructor.wall.sandbox`), never trusted by the grader.
 
 It executes the submitted notebook in a kernel, cell by cell (a time limit per cell, a time budget for all of
 them; a kernel that ignores the interrupt is killed and the run starts again without that cell; what cells print
-is kept up to a cap). The kernel's first cell is the grader's own (:func:`labkit.instructor.watch.install`,
+is kept up to a cap). The kernel's first cell is the grader's own (:func:`labkit.instructor.wall.answering.install`,
 before any learner code), its last the answering step. Between the worker and that step runs a socket only the
 kernel was given, and a key sent over it before the first learner cell: the step signs "go", and only then does
 the worker ask the grader (over a pipe the kernel never had) for the case inputs and pass them on; the answers
@@ -10,7 +10,7 @@ come back signed. Anything else the kernel says on that socket is not an answer.
 the notebook left running is killed. The worker itself cannot be read or traced by the kernel (it is not
 dumpable), and it hands the grader one message: the cells' errors and the answers, or why there are none.
 
-    python -I -m labkit.instructor.worker --job DIR --lab 00 --to-grader FD --from-grader FD \
+    python -I -m labkit.instructor.wall.worker --job DIR --lab 00 --to-grader FD --from-grader FD \
         --cell-timeout 120 --answer-timeout 600 --output-bytes N --budget-seconds 600
 
 Layer 5 (instructor tools).
@@ -94,7 +94,7 @@ class _Step:
         self.armed.set()
 
     def _run(self) -> None:
-        from labkit.instructor import wire
+        from labkit.instructor.wall import wire
 
         self.armed.wait()
         fd = self.sock.fileno()
@@ -161,7 +161,7 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 
-    from labkit.instructor import watch, wire
+    from labkit.instructor.wall import answering, wire
 
     skipped: dict[int, str] = {}
     client_class = _client_class()
@@ -182,8 +182,8 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
         wire.send_frame(ours.fileno(), key)
         step = _Step(ours, key, grader, answer_timeout_s)
         step.start()
-        notebook.cells.insert(0, nbformat.v4.new_code_cell(watch.prologue(kernels.fileno(), lab)))
-        notebook.cells.append(nbformat.v4.new_code_cell(watch.ANSWER_CELL))
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(answering.prologue(kernels.fileno(), lab)))
+        notebook.cells.append(nbformat.v4.new_code_cell(answering.ANSWER_CELL))
         last = len(notebook.cells) - 1
         errors: dict[int, str] = {}
         # IPC sockets in the private /tmp rather than TCP on the (empty) loopback: nothing listens on a port.
@@ -287,7 +287,7 @@ def _not_dumpable() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m labkit.instructor.worker")
+    parser = argparse.ArgumentParser(prog="python -m labkit.instructor.wall.worker")
     parser.add_argument("--job", type=Path, required=True)
     parser.add_argument("--lab", required=True)
     parser.add_argument("--to-grader", type=int, required=True)
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     for fd in (args.to_grader, args.from_grader):
         os.set_inheritable(fd, False)  # the kernel never gets the grader's pipes
     os.environ.setdefault("JUPYTER_RUNTIME_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "jupyter-runtime"))
-    from labkit.instructor import wire
+    from labkit.instructor.wall import wire
 
     try:
         result = run_notebook(args.job, args.lab, (args.from_grader, args.to_grader), args.cell_timeout,

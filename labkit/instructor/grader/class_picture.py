@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.gradebook import gradebook, pass_counts
+from labkit.instructor.grader.gradebook import gradebook, pass_counts
 
 COLOURS = {"passed": "#4c9a2a", "failed": "#c0392b", "not attempted": "#bdbdbd"}
 
@@ -48,7 +48,7 @@ def save_class_picture(reports: list[dict[str, Any]], path: Path) -> Path:
     """Draw :func:`class_figure` to the PNG ``path`` (written whole or not at all); return the path."""
     import io
 
-    from labkit.instructor.results import write_atomically
+    from labkit.instructor.grader.results import write_atomically
 
     buffer = io.BytesIO()
     class_figure(reports).savefig(buffer, format="png", dpi=100, metadata={"Software": None})
