@@ -125,7 +125,7 @@ EXPLORER_LABS = {"sampling": "01", "loss": "02", "numerics": "03", "outliers": "
                  "speculative": "07"}
 SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_grading_course.py",
         "tests/test_instructor_answering.py",
-        "tests/test_instructor_grading.py", "tests/test_reveals.py",
+        "tests/test_instructor_grading.py", "tests/test_reveals.py", "tests/test_reveals_run_all.py",
         "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_sandbox.py",
         "tests/test_instructor_slurm.py", "tests/test_release.py::test_labkit_installs_from_a_clone_at_the_named_ref",
         "tests/test_packaging.py::test_wheel_carries_the_data_and_works_from_another_directory",
@@ -140,7 +140,8 @@ SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_gradi
 FIRST = ("tests/test_instructor_grading_course.py", "tests/test_instructor_grading_attacks.py",
          *(f"tests/test_browser.py::TestLab{lab}" for lab in (
     "01", "04", "06", "07", "02", "05", "00", "03")), "notebooks/solutions/02_", "notebooks/02_",
-         "tests/test_instructor_grading.py", "tests/test_reveals.py", "notebooks/solutions/04_", "notebooks/04_",
+         "tests/test_instructor_grading.py", "tests/test_reveals_run_all.py", "tests/test_reveals.py",
+         "notebooks/solutions/04_", "notebooks/04_",
          "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",
          "notebooks/solutions/05_", "notebooks/05_", "notebooks/solutions/07_", "notebooks/07_",
          "tests/test_instructor_classroom.py", "tests/test_instructor_cluster.py", "tests/test_instructor_slurm.py",

@@ -1,6 +1,6 @@
 """Predict, then check: nothing a learner can see above a prediction's check cell gives its answer away.
 
-The rule, for every prediction exercise (``kind == "prediction"``) and the learner notebook that checks it:
+The rule, for every prediction (``labkit.exercises.definitions.Prediction``) and the learner notebook that checks it:
 
 - **above the check cell, in its section** (from the nearest heading above it): no markdown, no committed
   output (text, HTML, an explorer's text fallback or its widgets' initial text) and none of the exercise's own
@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from labkit.exercises import exercises
+from labkit.exercises.definitions import Prediction
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNER_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -273,7 +274,7 @@ def markdown_below_the_check(notebook: dict, check_at: int) -> list[tuple[int, s
 
 # ----- the tests -----
 
-PREDICTIONS = [exercise for exercise in exercises() if exercise.kind == "prediction"]
+PREDICTIONS = [exercise for exercise in exercises() if isinstance(exercise, Prediction)]
 
 # Reveals this test found in notebooks whose fix had not landed when the rule was extended (#35 item 11): each
 # names the cell; non-strict, so the fix turns it into a pass without touching this file.

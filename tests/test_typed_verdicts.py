@@ -28,8 +28,11 @@ from test_reveals import _output_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LEARNER_NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-VERDICT_WORDS = ("faster", "slower", "indistinguishable", "within", "larger")
-_VERDICT = re.compile(r"\b(" + "|".join(VERDICT_WORDS) + r")\b", re.I)
+VERDICT_WORDS = ("faster", "slower", "indistinguishable", "within", "larger",
+                 # the page's own wordings of a run's outcome (issue #48)
+                 "little more", "only by noise", "barely moved", "near the ridge", "only just", "moves less",
+                 "shows less", "less than their share", "almost nothing")
+_VERDICT = re.compile(r"\b(" + "|".join(re.escape(word) for word in VERDICT_WORDS) + r")\b", re.I)
 _BOTH_OUTCOMES = re.compile(r"\b(if|whether|where|when|either|unless|depending)\b", re.I)
 # A measurement in an output: a time, a rate, an interval, a speedup, a spread.
 _MEASURED = re.compile(r"\d\s?(ms|µs|μs|ns|s)\b|tokens/s|GB/s|GFLOP/s|\binterval\b|\bspeedup\b|\bspread\b"
@@ -127,3 +130,30 @@ def test_only_text_under_a_measurement_is_read():
     checked = dict(_code("TPOT 70.2 ms"), metadata={"tags": [CHECK_TAG]})
     assert typed_verdicts([checked, _markdown("the second is slower")]) == []
     assert typed_verdicts([_code("TPOT 70.2 ms"), _markdown("the second is slower")]) != []
+
+
+# Issue #48's sentences as they stood, each under the measured output above it (lab 06 cells 38, 47, 54, 68; lab 07
+# cell 39, whose solution copy's run printed "indistinguishable" where the prose said "slower").
+ISSUE_48_SENTENCES = [
+    ("prefill 95.1 ms, intensity 21.3 FLOPs/byte", "Prefill at this short prompt sits near the ridge; longer prompts "
+     "are compute-bound.", "near the ridge"),
+    ("bf16 TPOT 41.0 ms", "The measured TPOT moves less, and the ratio TPOT / floor grows as the bytes shrink.",
+     "moves less"),
+    ("overhead 21.4 ms, bandwidth 9.8 GB/s", "a tiny model on a CPU spends a large share of each step dispatching "
+     "small operations, so fewer bytes buy less than their share, and below the crossover almost nothing.",
+     "less than their share"),
+    ("batch 8: TPOT 52.0 ms", "a batch step costs little more than one sequence's (compare the two TPOTs printed "
+     "above).", "little more"),
+    ("measured 2.53x (95% interval 2.26x to 2.72x)", "Prompt lookup accepts most drafts at almost no cost, yet the "
+     "stopwatch shows less than the per-step closed form.", "shows less"),
+    ("0.98x (95% interval 0.88x to 1.01x)", "On this prompt the two differ only by noise, as the interval between "
+     "them shows.", "only by noise"),
+    ("early exit: indistinguishable from plain greedy, 0.91x (95% interval 0.12x to 1.06x)",
+     "After 4 of its 30 blocks it matched the target in no call, so it is slower than plain decoding.", "slower"),
+]
+
+
+@pytest.mark.parametrize("printed, sentence, word", ISSUE_48_SENTENCES, ids=[w for _, _, w in ISSUE_48_SENTENCES])
+def test_the_typed_sentences_of_issue_48_are_found(printed, sentence, word):
+    problems = typed_verdicts([_markdown("### A measurement"), _code(printed), _markdown(sentence)])
+    assert any(f"{word!r} typed" in problem for problem in problems), problems

@@ -5,7 +5,8 @@ Each lab registers its exercises in ``labkit/exercises/labNN.py``. A notebook's 
     check("00.softmax_temperature")
 
 which finds the learner's function by name in the notebook, runs :func:`labkit.exercises.checking.check_function`, shows
-the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status.
+the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status; ``with reveal("00.predict_tokenizer"):`` runs a reveal
+cell's body, showing its output only once that prediction is answered (``labkit.exercises.reveals``).
 
 A lab whose exercise module fails to import is recorded, not raised: the other labs keep working, and the
 learner reads which lab could not be loaded and why (a problem on labkit's side, never in their code).
@@ -21,6 +22,7 @@ from typing import Any
 from labkit.exercises import progress
 from labkit.exercises.checking import check_function
 from labkit.exercises.definitions import Exercise, Verdict
+from labkit.exercises.reveals import reveal  # noqa: F401 - a notebook imports it from here, beside check
 
 _REGISTRY: dict[str, Exercise] = {}
 _LOAD_ERRORS: dict[str, str] = {}  # lab -> "ImportError: ..." for a lab module that could not be imported

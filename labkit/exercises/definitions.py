@@ -1,10 +1,11 @@
 """What an exercise is: its cases, the mistakes it knows, how it is scored, and the verdict a check returns.
 
-An :class:`Exercise` is registered once: the function name the learner defines, the reference it is compared
+An exercise is registered once, as one of two types built on :class:`Exercise` (the fields the checker and the
+grader read): a :class:`CodeExercise` is the function name the learner defines, the reference it is compared
 with, hand-computed cases (boundaries included), a generator of random cases, tolerances, the labkit helpers the
-learner may call, and the mistakes learners really make, each with the hint that points at it. A prediction (the
-learner's guess, asked before the notebook computes the answer) is an exercise too: :func:`prediction`, and
-:func:`choice_prediction` for a multiple-choice one. A :class:`Verdict` is what a check says: passed, failed, not
+learner may call, and the mistakes learners really make, each with the hint that points at it; a
+:class:`Prediction` is the learner's guess, asked before the notebook computes the answer (:func:`prediction`, and
+:func:`choice_prediction` for a multiple-choice one): its answer, closeness rule, reveal and giveaways. A :class:`Verdict` is what a check says: passed, failed, not
 attempted or error. Calling the learner's function is ``labkit.exercises.calling``'s; comparing an answer with
 labkit's is ``labkit.exercises.comparing``'s; drawing the cases and judging the answers is
 ``labkit.exercises.checking``'s.
@@ -104,6 +105,48 @@ class Exercise:
         return "No labkit function may be called inside your function: the check reports any call into labkit."
 
 
+@dataclass(frozen=True)
+class CodeExercise(Exercise):
+    """A function the learner writes (or a single computed answer), scored on agreeing with ``reference`` on every
+    case within the tolerances. Every field is :class:`Exercise`'s, ``kind`` is ``"code"``."""
+
+    def __post_init__(self) -> None:
+        if self.kind != "code":
+            raise ValueError(f"kind must be 'code' for a CodeExercise, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Prediction(Exercise):
+    """The learner's guess before the notebook computes the answer (:func:`prediction`, :func:`choice_prediction`):
+    ``function()`` takes no argument; ``reference()`` computes the answer, ``choices`` are its possible answers when
+    it is a choice (``choice_texts`` what each means, as the notebook lists them), ``rtol``/``atol`` the closeness
+    rule, ``reveal`` the explanation its check shows once answered, ``giveaways`` the words that state the answer,
+    ``hints`` the hint a malformed answer shows (its form, never the answer). ``kind`` is ``"prediction"``."""
+
+    kind: str = "prediction"
+    choice_texts: tuple[str, ...] = ()  # the text of each choice, in the order of ``choices`` (empty for a number)
+
+    def __post_init__(self) -> None:
+        if self.kind != "prediction":
+            raise ValueError(f"kind must be 'prediction' for a Prediction, got {self.kind!r}")
+        if self.choice_texts and len(self.choice_texts) != len(self.choices):
+            raise ValueError(f"choice_texts must give one text per choice ({len(self.choices)}), "
+                             f"got {len(self.choice_texts)}")
+
+    @property
+    def asked(self) -> str:
+        """The question as the check states it."""
+        return self.hand_cases[0].label
+
+    def answer(self) -> Any:
+        """labkit's answer (computed: some run the model)."""
+        return self.reference()
+
+    def answer_text(self, answer: Any) -> str | None:
+        """The text of the choice ``answer`` names, when the choices have texts."""
+        return dict(zip(self.choices, self.choice_texts)).get(answer) if self.choice_texts else None
+
+
 def _join(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
@@ -189,7 +232,7 @@ def _no_random_case(generator: torch.Generator) -> Case:
 
 def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
                rtol: float = 0.0, atol: float = 0.0, points: int = 1, choices: tuple[Any, ...] = (),
-               reveal: str = "", giveaways: tuple[str, ...] = ()) -> Exercise:
+               reveal: str = "", giveaways: tuple[str, ...] = (), choice_texts: tuple[str, ...] = ()) -> Prediction:
     """A predict-then-check exercise: the learner's ``function()`` takes no argument and returns a prediction.
 
     It earns its points when it is well-formed (:func:`labkit.exercises.checking.prediction_problem`);
@@ -200,37 +243,37 @@ def prediction(id: str, title: str, function: str, answer: Callable[[], Any], *,
 
     >>> guess = prediction("zz.guess", "Predict: 2 + 2", "predicted_sum", lambda: 4.0, asked="2 + 2", hint="add",
     ...                    atol=0.5)
-    >>> guess.kind, guess.n_random, guess.hand_cases[0].label, guess.hints
-    ('prediction', 0, '2 + 2', ('add',))
+    >>> type(guess).__name__, guess.kind, guess.n_random, guess.asked, guess.hints
+    ('Prediction', 'prediction', 0, '2 + 2', ('add',))
     """
-    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
-                    rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
-                    hints=(hint,), kind="prediction", choices=tuple(choices), reveal=reveal,
-                    giveaways=tuple(giveaways))
+    return Prediction(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+                      rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
+                      hints=(hint,), choices=tuple(choices), reveal=reveal, giveaways=tuple(giveaways),
+                      choice_texts=tuple(choice_texts))
 
 
 def choice_prediction(id: str, title: str, function: str, answer: Callable[[], str], *, choices: dict[str, str],
-                      question: str, hint: str, reveal: str = "", giveaways: tuple[str, ...] = ()) -> Exercise:
+                      question: str, hint: str, reveal: str = "", giveaways: tuple[str, ...] = ()) -> Prediction:
     """A multiple-choice prediction: ``function()`` returns one lower-case letter, a key of ``choices`` (the
     letters and their texts, as the notebook shows them). ``hint`` goes on after the hint on the answer's form.
 
     >>> quiz = choice_prediction("zz.quiz", "Predict: the even one", "even_choice", lambda: "b",
     ...                          choices={"a": "one", "b": "two"}, question="which is even", hint="halve it")
-    >>> quiz.choices, quiz.hand_cases[0].label
-    (('a', 'b'), 'which is even: one of "a", "b"')
+    >>> quiz.choices, quiz.hand_cases[0].label, quiz.answer_text("b")
+    (('a', 'b'), 'which is even: one of "a", "b"', 'two')
     >>> quiz.hints
     ('return one lower-case letter as a string, e.g. "a"; halve it',)
     """
     return prediction(id, title, function, answer, choices=tuple(choices),
                       asked=f"{question}: one of " + ", ".join(f'"{key}"' for key in choices),
                       hint='return one lower-case letter as a string, e.g. "a"; ' + hint, reveal=reveal,
-                      giveaways=giveaways)
+                      giveaways=giveaways, choice_texts=tuple(choices.values()))
 
 
 def single_answer(id: str, title: str, function: str, answer: Callable[[], Any], *, asked: str, hint: str,
-                  rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> Exercise:
+                  rtol: float = 0.0, atol: float = 0.0, points: int = 1) -> CodeExercise:
     """A computed answer (not a prediction): ``function()`` takes no argument and is scored on agreeing with
     ``answer()`` within rtol/atol, like any code exercise."""
-    return Exercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
+    return CodeExercise(id=id, title=title, function=function, reference=answer, points=points, n_random=0,
                     rtol=rtol, atol=atol, hand_cases=(Case((), label=asked),), random_case=_no_random_case,
                     hints=(hint,))

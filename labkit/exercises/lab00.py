@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from labkit.exercises.definitions import Case, Exercise, Mistake, choice_prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, choice_prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.sampling import apply_temperature, softmax_with_temperature
@@ -68,7 +68,7 @@ def _no_max_shift(logits, temperature):
 
 
 SOFTMAX_TEMPERATURE = register(
-    Exercise(
+    CodeExercise(
         id="00.softmax_temperature",
         title="Softmax with temperature",
         function="softmax_with_temperature",
@@ -171,7 +171,7 @@ def _sample_clamped(probs, u):
 
 
 SAMPLE_TOKEN = register(
-    Exercise(
+    CodeExercise(
         id="00.sample_token",
         title="Sampling a token by inverse CDF",
         function="sample_token",
@@ -239,7 +239,7 @@ def tokenizer_answer() -> str:
 PREDICT_TOKENIZER = register(choice_prediction(
     "00.predict_tokenizer", "Predict: why a different tokenizer breaks a run whose dimensions match", "tokenizer_choice",
     tokenizer_answer, choices=TOKENIZER_CHOICES, question="why a tokenizer of the same size can still break a run",
-    hint="an embedding row is looked up by id, and the id is all the model ever sees of the text",
+    hint="the letter of the one choice you think explains it",
     reveal="""**b**. The model never reads text: it looks each id up in its embedding matrix, one row per id, and
     nothing in that row says which piece of text the id stood for. A tokenizer of the same size fits every shape,
     yet its ids point at other rows, so the model reads a sequence nobody wrote and answers it.

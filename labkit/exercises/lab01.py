@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.distribution import kept_count
@@ -137,7 +137,7 @@ def _probabilities(logits, temperature):
 
 
 APPLY_TEMPERATURE = register(
-    Exercise(
+    CodeExercise(
         id="01.apply_temperature",
         title="Temperature on logits, greedy at T = 0",
         function="apply_temperature",
@@ -223,7 +223,7 @@ def _k_zero_removes_all(logits, k):
 
 
 TOP_K = register(
-    Exercise(
+    CodeExercise(
         id="01.top_k_filter",
         title="Top-k filter",
         function="top_k_filter",
@@ -352,7 +352,7 @@ def _unnormalized_mass(logits, temperature, top_p):
 
 
 NUCLEUS = register(
-    Exercise(
+    CodeExercise(
         id="01.nucleus_probs",
         title="Temperature, then top-p, renormalized",
         function="nucleus_probs",
@@ -426,8 +426,7 @@ PREDICT = register(prediction(
     kept_tokens_on_the_model,
     rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
     asked=f"the prompt {PREDICT_PROMPT!r} at T = {PREDICT_TEMPERATURE}, top-p = {PREDICT_TOP_P}",
-    hint="return your prediction as a number; lower temperature sharpens the distribution, so fewer tokens are "
-         "needed to reach the same mass",
+    hint="return your prediction as a number of tokens, such as 12",
     reveal="""Dividing the logits by 0.7 stretches every gap between them by 1/0.7 ≈ 1.43: the leading tokens take
     a much larger share of the mass, so far fewer of them are needed to reach 90 % than the 121 kept at T = 1. The
     next cell prints how much of the mass the top three tokens hold at each temperature, and the count.""",

@@ -14,7 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from labkit.exercises.definitions import Case, Exercise, Mistake, choice_prediction, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, choice_prediction, prediction
 from labkit.core.course import lesson_logits
 from labkit.exercises import register
 from labkit.core.loss import cross_entropy, token_surprisal
@@ -102,7 +102,7 @@ def _mean_over_vocab(logits, targets):
 
 
 CROSS_ENTROPY = register(
-    Exercise(
+    CodeExercise(
         id="02.cross_entropy",
         title="Cross-entropy of targets under logits",
         function="cross_entropy",
@@ -236,7 +236,7 @@ def _divides_by_every_pair(logits, input_ids, attention_mask):
 
 
 NEXT_TOKEN_LOSS = register(
-    Exercise(
+    CodeExercise(
         id="02.next_token_loss",
         title="Next-token loss of a padded batch",
         function="next_token_loss",
@@ -380,7 +380,7 @@ def _mean_loss(model, token_ids, window, stride):
 
 
 STRIDED_PERPLEXITY = register(
-    Exercise(
+    CodeExercise(
         id="02.strided_perplexity",
         title="Perplexity of a text in strided windows, on the model",
         function="strided_perplexity",
@@ -489,7 +489,7 @@ PREDICT_TEMPERATURE = register(prediction(
     "predicted_best_temperature", best_temperature, choices=TEMPERATURES,
     atol=0.101,  # within 0.1 (the grid's step near 1), with room for 0.9's binary rounding
     asked=f"the grid {TEMPERATURES}",
-    hint="return a number such as 0.8; the model was trained to minimise exactly this loss at one temperature",
+    hint="return one temperature of the grid as a number, such as 0.8",
     reveal="""The lowest perplexity is at T = 1, with T = 1.1 a hair behind (about 17.9 and 18.0): the model was
     trained to minimise cross-entropy at T = 1, so scoring at any other temperature costs. Below 1 the model is
     over-confident (a wrong favourite costs more); above 1 it spreads probability onto tokens that did not come.

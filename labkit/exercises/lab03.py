@@ -14,7 +14,7 @@ import torch
 from labkit.core.numerics import N_FROM_FP16, N_TUNED, round_to_format, round_trip_checkpoint
 from labkit.core.quantization import fake_quantize
 from labkit.exercises import register
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 
 
 def _random_matrix(generator: torch.Generator) -> torch.Tensor:
@@ -51,8 +51,7 @@ PREDICT_ROUND_TRIP = register(prediction(
     "predicted_exact_weights", weights_back_exactly, atol=5,
     asked=f"{N_FROM_FP16 + N_TUNED:,} FP32 weights, {N_TUNED / (N_FROM_FP16 + N_TUNED):.0%} of them fine-tuned in FP32 "
           "and the rest copied from an FP16 release, saved in FP16, loaded into FP32 (within 5)",
-    hint="return a number of weights (of 1,000); widening FP16 to FP32 is exact, so ask which weights had already "
-         "lost something when they were saved",
+    hint="return a number of weights (of 1,000), such as 250",
     reveal="""FP32 gives back only what FP16 kept. The 400 copied weights were on FP16's grid already, so saving
     lost nothing and they return bit for bit. Each fine-tuned weight was rounded to its nearest FP16 value when
     saved (a relative change of at most half FP16's spacing, 2^-11, in FP16's normal range), and FP32 then holds
@@ -122,7 +121,7 @@ ZERO_SCALE_HINT = ("an all-zero row has max|row| = 0, so its scale is 0 and 0 / 
 
 
 PER_CHANNEL = register(
-    Exercise(
+    CodeExercise(
         id="03.fake_quantize_per_channel",
         title="Symmetric per-channel quantize, then dequantize",
         function="fake_quantize_per_channel",
@@ -240,7 +239,7 @@ def _zero_scale_tensor(x, bits):
 
 
 AFFINE = register(
-    Exercise(
+    CodeExercise(
         id="03.affine_fake_quantize",
         title="Affine quantization with MinMaxObserver's rule",
         function="affine_fake_quantize",

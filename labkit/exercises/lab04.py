@@ -14,7 +14,7 @@ import torch
 from labkit.core.gptq import gptq
 from labkit.core.outlier_schemes import int8_decomposed_matmul, outlier_channels
 from labkit.exercises import register
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -46,12 +46,13 @@ PREDICT = register(prediction(
     "predicted_outlier_channels", outlier_channels_on_the_model,
     rtol=0.5,  # within a factor of two: |prediction - truth| <= max(prediction, truth) / 2
     asked=f"layer {PREDICT_LAYER}, input of q/k/v_proj, threshold {PREDICT_THRESHOLD}, prompt {PREDICT_PROMPT!r}",
-    hint="return your prediction as a number of channels (of 576); the Linear reads the residual stream divided "
-         "by each token's RMS (RMSNorm), and a channel counts once any token reaches the threshold",
+    hint="return your prediction as a number of channels (of 576), such as 40",
     reveal="""One channel of the 576 reaches 6: the small minority LLM.int8()'s float part is designed for. On the
     residual stream nearly every channel would, but RMSNorm divides each token by its own root mean square,
     bringing the median |x| from about 2 to about 0.1. The next cell prints both, with the channel's number.""",
-    giveaways=("One channel", "channel 247", "(247)", "one of the 576")))
+    # "One channel" alone also opens the lesson's sentences on the residual stream (channel 507), another count
+    giveaways=("One channel of the 576", "one channel of 576", "one channel in float", "channel 247", "(247)",
+               "one of the 576")))
 
 __all__ = ["PREDICT", "outlier_channels_on_the_model"]
 
@@ -185,7 +186,7 @@ def _zero_row_nan(x, weight, threshold):
     return float_part + (torch.round(x_rest / x_scales) * x_scales) @ (torch.round(w_rest / w_scales) * w_scales).T
 
 
-INT8_MATMUL = register(Exercise(
+INT8_MATMUL = register(CodeExercise(
     id="04.int8_matmul",
     title="LLM.int8()'s mixed-precision matrix multiplication",
     function="int8_matmul",
@@ -397,7 +398,7 @@ def _scale_per_column(weight, inputs, bits, damp):
     return _column_loop(weight, _inverse_factor(2 * inputs.T @ inputs, damp), scales.expand_as(weight), q_max)
 
 
-GPTQ_COLUMNS = register(Exercise(
+GPTQ_COLUMNS = register(CodeExercise(
     id="04.gptq_columns",
     title="GPTQ's column loop on one projection",
     function="gptq_quantize",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from labkit.core.budget import MemoryBudget, activations_bytes, workspace_bytes
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 from labkit.exercises import register
 from labkit.exercises.random_cases import random_spec
 from labkit.core.memory import GB, MIB, kv_cache_bytes, weights_bytes, to_gb, to_gib
@@ -205,7 +205,7 @@ ACT_8B, ACT_70B = activation_bytes_per_token(LLAMA_8B), activation_bytes_per_tok
 TINY_FREE = ModelSpec("toy: 48 B of cache per token", n_layers=3, d_model=24, n_heads=4, n_kv_heads=1, head_dim=4,
                       vocab=100)
 
-LARGEST_BATCH = Exercise(
+LARGEST_BATCH = CodeExercise(
     id="05.largest_batch",
     title="The largest batch that fits with chunked prefill",
     function="largest_batch",
@@ -453,7 +453,7 @@ def _case(events, n_blocks, block_size, label):
     return Case((events, n_blocks, block_size), label=label)
 
 
-PAGED_ALLOCATOR = Exercise(
+PAGED_ALLOCATOR = CodeExercise(
     id="05.paged_allocator",
     title="A paged KV allocator: block tables over a fixed pool of blocks",
     function="paged_allocator",

@@ -26,7 +26,7 @@ from labkit.core.roofline import decode_floor_s, fit_step_time
 from labkit.core.spec import ModelSpec
 from labkit.core.timing import ScriptedClock, ScriptedSteps, e2e_estimate, request_metrics
 from labkit.exercises import register
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 from labkit.exercises.random_cases import random_spec
 from labkit.runtime.step_counter import StepCounter
 
@@ -55,7 +55,7 @@ def decode_calls_for_eight_tokens() -> int:
 PREDICT_CALLS = register(prediction(
     "06.predict_forward_calls", "Predict: forward calls after the prefill for eight output tokens",
     "forward_calls_after_prefill", decode_calls_for_eight_tokens,
-    asked="eight output tokens, one prefill already run", hint="which call's logits choose the first token?",
+    asked="eight output tokens, one prefill already run", hint="return a number of forward calls, such as 3",
     reveal="""The prefill's logits at the last prompt position already choose the first new token. Each decode call
     feeds the newest token, and its logits choose the one after it: for n tokens, n - 1 decode calls (7 for eight),
     and none at all for one token. The last token is chosen but never fed back. The next cell counts the calls.""",
@@ -147,7 +147,7 @@ def _drops_eos(runner, prompt_ids, max_new_tokens, eos_token_id):
     return _loop(runner, prompt_ids, max_new_tokens, eos_token_id, keep_eos=False)
 
 
-GREEDY_LOOP = register(Exercise(
+GREEDY_LOOP = register(CodeExercise(
     id="06.greedy_loop",
     title="The KV-cached greedy loop: prefill once, then decode with the cache",
     function="greedy_generate",
@@ -302,7 +302,7 @@ def _stamp_before_step(step, clock, n_tokens, warmup, repeats):
     return _harness(step, clock, n_tokens, warmup, repeats, stamp="before")
 
 
-LATENCY_HARNESS = register(Exercise(
+LATENCY_HARNESS = register(CodeExercise(
     id="06.latency_harness",
     title="A timing harness: warm-up, repeats, and the medians of TTFT, TPOT and E2E",
     function="measure_latency",
@@ -358,11 +358,13 @@ PREDICT_SHORTER = register(prediction(
     "06.predict_shorter_run_e2e", "Predict: E2E of a run with half the tokens and the same speed",
     "predicted_shorter_run_e2e_ms", shorter_run_e2e_ms, rtol=0.01,
     asked=f"TTFT {EXAMPLE_TTFT_MS} ms, TPOT {EXAMPLE_TPOT_MS} ms, {SHORTER_TOKENS} tokens instead of {EXAMPLE_TOKENS}",
-    hint="E2E = TTFT + (n - 1) x TPOT; nothing about the speed changed",
+    hint="return a number of milliseconds, such as 900",
     reveal="""E2E = TTFT + (n - 1) × TPOT: 700 + 9 × 35 = 1,015 ms for 10 tokens, against 1,365 ms for 20. A
     quarter lower, with not one token computed faster: E2E mixes speed with length, so two runs' E2E compare their
     speeds only at the same number of tokens.""",
-    giveaways=("quarter", "1,015", "1015", "25 %", "25%", "9 × 35", "9 x 35", "e2e_estimate(700, 35, 10)")))
+    # "quarter" and "25 %" alone name other things on the page (a byte ratio, the latency model's target)
+    giveaways=("quarter lower", "quarter less", "1,015", "1015", "25 % lower", "25% lower", "9 × 35", "9 x 35",
+               "e2e_estimate(700, 35, 10)")))
 
 # ----- 06.decode_floor_ms -----
 
@@ -425,7 +427,7 @@ def _keys_only(spec, bytes_per_value, context_len, batch_size, bandwidth_gb_per_
 
 SMOLLM2 = model_preset("SmolLM2-135M")
 
-DECODE_FLOOR = register(Exercise(
+DECODE_FLOOR = register(CodeExercise(
     id="06.decode_floor_ms",
     title="The decode floor: bytes one step must read / bandwidth",
     function="decode_floor_ms",
@@ -535,7 +537,7 @@ def _overhead_in_s(bytes_read, step_s):
 
 _SMOL_BYTES = [538_060_032, 269_030_016, 134_515_008]  # SmolLM2-135M's weights at 4, 2 and 1 bytes each
 
-OVERHEAD_FIT = register(Exercise(
+OVERHEAD_FIT = register(CodeExercise(
     id="06.overhead_bandwidth_fit",
     title="Overhead and bandwidth: a least-squares line through (bytes read, step time)",
     function="fit_overhead_bandwidth",
@@ -586,8 +588,7 @@ PREDICT_SOONER = register(prediction(
     "06.predict_requests_sooner", "Predict: how many of three requests finish sooner when batched",
     "predicted_requests_sooner", requests_finishing_sooner_in_a_batch,
     asked="EXAMPLE_CPU, three requests of 32 prompt tokens and 16 new tokens: one batch of 3 against one after "
-          "another", hint="compare each request's finish time: served k-th, it waits for k - 1 whole requests first; "
-                          "in the batch, all finish when the batch does",
+          "another", hint="return a number of requests (of 3), such as 1",
     reveal="""Two of the three. In the batch all three finish together, when the batch does; one after another,
     the k-th finishes after k whole requests. The batch ends after more than one request's time but less than
     two: the first in line, which alone would have finished after one request, finishes later in the batch, and
@@ -611,8 +612,7 @@ PREDICT = register(prediction(
     "06.predict_batch_throughput", "Predict, then check: the throughput gain of a batch of 8",
     "predicted_throughput_gain", throughput_gain_on_the_example, rtol=0.25,  # within 25% of the model's answer
     asked="EXAMPLE_CPU, 32-token prompts, 16 new tokens, batch 8 against batch 1",
-    hint="return your prediction as a number; each decode step reads the weights once for the whole batch, but the "
-         "prefill work grows with the batch",
+    hint="return your prediction as a number, such as 2.5 for 2.5 times the tokens per second",
     reveal="""Less than 8×: each decode step shares one read of the weights, but does 6 ms of work per sequence,
     and all eight prompts are prefilled before anyone's first token. The next cell prints both batches' TTFT, TPOT
     and throughput.""",

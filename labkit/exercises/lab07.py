@@ -13,7 +13,7 @@ import torch
 from labkit.core import speculative as sp
 from labkit.core.speedup import optimal_gamma
 from labkit.exercises import register
-from labkit.exercises.definitions import Case, Exercise, Mistake, prediction
+from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
 from labkit.runtime.drafters import PromptLookup
 
 # --------------------------------------------------------------------------------------------------------------
@@ -33,8 +33,7 @@ PREDICT_GAMMA = register(prediction(
     "predicted_gamma", best_gamma_here,
     atol=1.0,  # within one draft of the optimum
     asked=f"alpha = {PREDICT_ALPHA}, c = {PREDICT_COST}",
-    hint="return a number; more drafts cost gamma * c each call but the k-th draft only survives with probability "
-         "alpha**k",
+    hint="return a number of drafts per call, such as 3",
     reveal="""γ = 8. Each draft costs c = 0.05 of a target call, every call, while the k-th draft is used only with
     probability 0.8^k: one more draft gains less and less, until its gain no longer pays for its cost. The optimum
     is flat: one draft either side of it the speedup is within 1 %, and four drafts too few lose more than four too
@@ -163,7 +162,7 @@ _FLAT = [0.25, 0.25, 0.25, 0.25]
 _BONUS = [0.1, 0.2, 0.3, 0.4]  # cumulative [0.1, 0.3, 0.6, 1]
 
 ROUND = register(
-    Exercise(
+    CodeExercise(
         id="07.speculative_round",
         title="One round of speculative sampling",
         function="speculative_round",
@@ -307,7 +306,7 @@ def _longest_only(context, gamma, max_ngram):
 
 
 LOOKUP = register(
-    Exercise(
+    CodeExercise(
         id="07.prompt_lookup",
         title="The prompt-lookup drafter",
         function="propose",
