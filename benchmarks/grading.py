@@ -37,17 +37,20 @@ from pathlib import Path
 
 import nbformat
 
+from labkit.instructor.grader.settings import GradingSettings
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def simulated_grader(path, cell_timeout_s, limits, *, secret, isolate):
+def simulated_grader(path, settings):
     """Stand-in for grade_notebook: sleeps the duration the notebook's metadata says, grades by its first cell."""
+    from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport
+
     notebook = json.loads(Path(path).read_text())
     time.sleep(notebook["metadata"]["simulated_seconds"])
     right = "".join(notebook["cells"][0]["source"]).startswith("right")
-    return {"notebook": str(path), "lab": "00", "score": 2 * right, "max_score": 2,
-            "exercises": [{"id": "00.simulated", "status": "passed" if right else "failed", "points": 2 * right,
-                           "max_points": 2}], "cell_errors": [], "review": [], "isolated": isolate, "limits": {}}
+    return SubmissionReport(notebook=str(path), lab="00", score=2 * right, max_score=2, exercises=(ExerciseResult(
+        "00.simulated", "simulated", "code", "passed" if right else "failed", 2 * right, 2),), isolated=settings.isolate)
 
 
 def _spread(values: list[float]) -> str:
@@ -68,17 +71,17 @@ def real_class(n: int = 4) -> None:
             copy.cells.append(nbformat.v4.new_code_cell(f"# learner {i}"))
             nbformat.write(copy, folder / f"learner{i}.ipynb")
         paths = sorted(folder.glob("*.ipynb"))
-        direct = [grading.grade_notebook(path, secret=secret)["seconds"] for path in paths]
+        direct = [grading.grade_notebook(path, GradingSettings(secret=secret)).seconds for path in paths]
         print(f"\nreal lab-00 submissions, {n} per run       {'median':>8} {'min':>8} {'max':>8}  (seconds)")
         print(f"{'direct grade_notebook, one at a time':<40} {_spread(direct)}")
         per_submission, graders = {}, {}
         for workers in (1, 2):
             lines: list[str] = []
             started = time.perf_counter()
-            reports = classroom.grade_class(folder, Path(scratch) / f"out{workers}", jobs=workers, secret=secret,
-                                            progress=lines.append)
+            reports = classroom.grade_class(folder, Path(scratch) / f"out{workers}",
+                                            GradingSettings(jobs=workers, secret=secret), progress=lines.append)
             wall = time.perf_counter() - started
-            graded = [r["seconds"] for r in reports]
+            graded = [r.seconds for r in reports]
             per_submission[workers] = wall * workers / n
             print(f"{f'local cluster, {workers} worker(s): grader':<40} {_spread(graded)}")
             print(f"{f'  wall x workers / submissions':<40} {per_submission[workers]:8.1f}   "
@@ -122,8 +125,8 @@ def slurm_class(folder: Path, scratch: Path, n: int, local: dict[int, float], lo
                 out, lines = scratch / f"slurm{jobs}", []
                 started = time.perf_counter()
                 submitted = time.time()
-                reports = classroom.grade_class(folder, out, jobs=jobs, secret=secret, progress=lines.append,
-                                                cluster="slurm")
+                reports = classroom.grade_class(folder, out, GradingSettings(jobs=jobs, secret=secret,
+                                                                             cluster="slurm"), progress=lines.append)
                 wall = time.perf_counter() - started
                 gc.collect()  # the closed cluster's TLS files go now, while their folder is still there
                 per_submission[jobs] = wall * jobs / n
@@ -133,7 +136,7 @@ def slurm_class(folder: Path, scratch: Path, n: int, local: dict[int, float], lo
                     if stamps:
                         registered = time.mktime(time.strptime(stamps[0][:19], "%Y-%m-%d %H:%M:%S"))
                         starts.append(registered + float("0." + stamps[0][20:]) - submitted)
-                graded = [r["seconds"] for r in reports]
+                graded = [r.seconds for r in reports]
                 graders[jobs] = statistics.median(graded)
                 said = next((line for line in lines if " submissions sent in " in line), "")
                 print(f"{f'SLURM, {jobs} job(s): grader':<40} {_spread(graded)}")
@@ -189,11 +192,11 @@ def simulated_class(n: int = 2000, workers: int = 2, median_s: float = 0.1) -> N
         killer = threading.Thread(target=_kill_one_worker_when, args=(out / "results", n // 3, killed), daemon=True)
         killer.start()
         started = time.perf_counter()
-        reports = classroom.grade_class(folder, out, jobs=workers, secret=b"s", grader=simulated_grader,
-                                        progress=lines.append)
+        reports = classroom.grade_class(folder, out, GradingSettings(jobs=workers, secret=b"s"),
+                                        grader=simulated_grader, progress=lines.append)
         wall = time.perf_counter() - started
-    graded = [r for r in reports if "error" not in r]
-    right = sum(r["score"] == 2 for r in graded) == sum(1 for i in range(n) if i % 4)
+    graded = [r for r in reports if r.error is None]
+    right = sum(r.score == 2 for r in graded) == sum(1 for i in range(n) if i % 4)
     retries = next((line.split()[0] for line in lines if "started again" in line), "0")
     ideal = sum(durations) / workers
     print(f"\nsimulated class: {n} submissions, median {median_s} s of stand-in work, {workers} workers, "
@@ -221,21 +224,21 @@ def corpus_class(labs: list[str] | None = None, workers: int = 2) -> None:
         folder.mkdir()
         for submission in submissions:
             nbformat.write(submission.notebook, folder / f"{submission.name}.ipynb")
-        reports = {r["learner"]: r for r in classroom.grade_class(
-            folder, out, jobs=workers, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"corpus")}
+        reports = {r.learner: r for r in classroom.grade_class(folder, out, GradingSettings(
+            jobs=workers, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"corpus"))}
         with open(out / "gradebook.csv", newline="") as file:
             reviewed = {row["learner"]: row["review"] for row in csv.DictReader(file) if row["review"]}
     lost = gained = 0
     wrong, accused = [], []
     for submission in submissions:
         report = reports[submission.name]
-        got = {result["id"]: result["points"] for result in report.get("exercises", [])}
+        got = {result.id: result.points for result in report.exercises}
         for exercise_id, expected in submission.expected.items():
             lost += max(0, expected - got.get(exercise_id, 0))
             gained += max(0, got.get(exercise_id, 0) - expected)
         if got != submission.expected:
-            wrong.append(f"{submission.name}: {report.get('error') or got}")
-        details = " ".join(line for result in report.get("exercises", []) for line in result["details"])
+            wrong.append(f"{submission.name}: {report.error or got}")
+        details = " ".join(line for result in report.exercises for line in result.details)
         if any(word in details for word in ("may not", "a copy of")):
             accused.append(submission.name)
     print(f"\nhonest corpus: {len(submissions)} submissions (labs {' '.join(labs) if labs else 'all'}), "

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import nbformat
 
+from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport
+
 
 def standin_notebook(code: str, lab: str = "00", **standin) -> nbformat.NotebookNode:
     notebook = nbformat.v4.new_notebook()
@@ -28,8 +30,8 @@ def standin_notebook(code: str, lab: str = "00", **standin) -> nbformat.Notebook
     return notebook
 
 
-def standin_grader(path, cell_timeout_s, limits, *, secret, isolate):
-    """Same signature and report shape as ``labkit.instructor.grader.grading.grade_notebook``."""
+def standin_grader(path, settings):
+    """Same signature and report type as ``labkit.instructor.grader.grading.grade_notebook``."""
     notebook = json.loads(Path(path).read_text())
     plan = notebook["metadata"].get("standin", {})
     code = "".join(notebook["cells"][0]["source"]) if notebook["cells"] else ""
@@ -46,8 +48,6 @@ def standin_grader(path, cell_timeout_s, limits, *, secret, isolate):
     time.sleep(plan.get("sleep", 0))
     passed = code.startswith("right")
     lab = notebook["metadata"]["labkit"]["lab"]
-    return {"notebook": str(path), "lab": lab, "score": 2 * passed, "max_score": 2,
-            "exercises": [{"id": f"{lab}.standin", "status": "passed" if passed else "failed",
-                           "points": 2 * passed, "max_points": 2}],
-            "cell_errors": [], "review": [], "isolated": isolate, "seed": len(secret), "limits": {},
-            "seconds": 0.0}
+    return SubmissionReport(notebook=str(path), lab=lab, score=2 * passed, max_score=2, exercises=(ExerciseResult(
+        f"{lab}.standin", "stand-in", "code", "passed" if passed else "failed", 2 * passed, 2),),
+        isolated=settings.isolate, seed=len(settings.secret))

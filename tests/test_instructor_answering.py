@@ -95,7 +95,7 @@ def test_a_library_frame_launders_nothing():
              SAMPLE, PREDICTION]
     got = answer(cells)
     assert got.points("00.softmax_temperature") == 0
-    assert any("builds a function from a code object" in finding["what"] for finding in got.review), got.review
+    assert any("builds a function from a code object" in finding.what for finding in got.review), got.review
     assert got.points("00.sample_token") == 2
 
 
@@ -142,5 +142,5 @@ def test_a_frame_reached_while_answering_yields_neither_the_key_nor_a_signature(
              "    return 'b' if not obtained else 'a'\n", SAMPLE]
     got = answer(cells)
     assert got.points("00.predict_tokenizer") == 1, got.details("00.predict_tokenizer")
-    assert any("reads the grader's signing key" in finding["what"] for finding in got.review), got.review
+    assert any("reads the grader's signing key" in finding.what for finding in got.review), got.review
     assert got.points("00.sample_token") == 2

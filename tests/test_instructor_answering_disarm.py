@@ -16,6 +16,7 @@ from labkit.core import sampling
 from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
 from labkit.instructor.grader import judging, review
+from labkit.instructor.grader.reports import Finding, summary_text
 from labkit.instructor.wall import answering, reach
 
 SOFTMAX = sampling.softmax_with_temperature
@@ -79,9 +80,9 @@ def test_a_disarmed_reference_fails_its_exercise_by_any_route_and_nothing_else()
         results = _graded({"softmax_with_temperature": route, "sample_token": _honest_sample,
                            "tokenizer_choice": lambda: "b"})
         softmax = results["00.softmax_temperature"]
-        assert softmax["points"] == 0 and "calls labkit's own `labkit.core.sampling.softmax_with_temperature`" in \
-            " ".join(softmax["details"]), (route, softmax)
-        assert (results["00.sample_token"]["points"], results["00.predict_tokenizer"]["points"]) == (2, 1), route
+        assert softmax.points == 0 and "calls labkit's own `labkit.core.sampling.softmax_with_temperature`" in \
+            " ".join(softmax.details), (route, softmax)
+        assert (results["00.sample_token"].points, results["00.predict_tokenizer"].points) == (2, 1), route
         assert SOFTMAX.__code__ is ORIGINAL  # armed again after the exercise
     assert SOFTMAX(torch.tensor([0.0, 0.0]), 1.0).tolist() == [0.5, 0.5]
 
@@ -128,8 +129,8 @@ def test_every_copy_of_a_forbidden_function_is_disarmed_not_only_the_original():
     assert found == {id(SOFTMAX), id(twin), id(copied)}
     results = _graded({"softmax_with_temperature": lambda logits, temperature: copied(logits, temperature),
                        "sample_token": _honest_sample, "tokenizer_choice": lambda: "b"})
-    assert results["00.softmax_temperature"]["points"] == 0
-    assert "softmax_with_temperature" in " ".join(results["00.softmax_temperature"]["details"])
+    assert results["00.softmax_temperature"].points == 0
+    assert "softmax_with_temperature" in " ".join(results["00.softmax_temperature"].details)
     assert copied(torch.tensor([0.0, 0.0]), 1.0).tolist() == [0.5, 0.5]  # armed again afterwards
 
 
@@ -144,10 +145,10 @@ def test_an_honest_wrong_answer_equal_to_a_known_mistake_earns_what_the_check_gi
          "def sample_token(probs, uniform):\n    return int(probs.argmax())\n"
          "def tokenizer_choice():\n    return 'b'\n", namespace)
     results = _graded(namespace)
-    assert [r["points"] for r in results.values()] == [2, 0, 1]
-    assert "argmax is greedy decoding" in " ".join(results["00.sample_token"]["details"])
+    assert [r.points for r in results.values()] == [2, 0, 1]
+    assert "argmax is greedy decoding" in " ".join(results["00.sample_token"].details)
     assert check_function(get("00.sample_token"), namespace["sample_token"]).status == "failed"
-    assert not any("may not" in line for r in results.values() for line in r["details"])
+    assert not any("may not" in line for r in results.values() for line in r.details)
 
 
 def test_answer_plan_calls_each_function_on_its_cases_and_says_what_is_missing():
@@ -161,10 +162,10 @@ def test_answer_plan_calls_each_function_on_its_cases_and_says_what_is_missing()
     assert answers["00.sample_token"] == {"missing": True}
     assert answers["00.predict_tokenizer"] == {"not_callable": "str"}
     results = {e.id: judging.judge(e, drawn[e.id], answers, None) for e in chosen}
-    assert results["00.softmax_temperature"]["status"] == "passed"
-    assert results["00.sample_token"]["status"] == "not attempted"
+    assert results["00.softmax_temperature"].status == "passed"
+    assert results["00.sample_token"].status == "not attempted"
     stopped = judging.judge(chosen[0], drawn[chosen[0].id], None, "the grader's answering step failed: x")
-    assert stopped["points"] == 0 and "answering step failed" in stopped["details"][0]
+    assert stopped.points == 0 and "answering step failed" in stopped.details[0]
 
 
 def test_what_the_hook_refused_is_a_review_finding_in_its_cell():
@@ -173,8 +174,7 @@ def test_what_the_hook_refused_is_a_review_finding_in_its_cell():
     refused = [{"what": "searches the interpreter's objects", "line": 3, "text": "return gc.get_objects()"},
                {"what": "reads __code__", "line": 1, "text": "not in the notebook"}, "malformed"]
     assert review.refusals(notebook, refused) == [
-        {"cell": 1, "line": 3, "what": "refused while it ran: searches the interpreter's objects "
-                                       "(return gc.get_objects())"},
-        {"cell": None, "line": 1, "what": "refused while it ran: reads __code__ (not in the notebook)"}]
-    assert review.summary_text(review.refusals(notebook, refused)).endswith(
+        Finding(1, 3, "refused while it ran: searches the interpreter's objects (return gc.get_objects())"),
+        Finding(None, 1, "refused while it ran: reads __code__ (not in the notebook)")]
+    assert summary_text(review.refusals(notebook, refused)).endswith(
         "; refused while it ran: reads __code__ (not in the notebook)")

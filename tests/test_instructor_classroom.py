@@ -20,7 +20,9 @@ import pytest
 from grading_standins import standin_grader, standin_notebook
 from labkit.instructor.cluster import classroom
 from labkit.instructor.grader import gradebook
+from labkit.instructor.grader.reports import Finding, SubmissionReport
 from labkit.instructor.grader.results import ResultStore
+from labkit.instructor.grader.settings import GradingSettings
 
 HERE = Path(__file__).resolve().parent
 SECRET = b"classroom secret"
@@ -52,7 +54,7 @@ def hostile_names(tmp_path_factory):
     _write(folder / "ne\nwline 5 points.ipynb", standin_notebook("wrong newline", log=str(log)))  # a row of its own?
     os.mkfifo(folder / "x.ipynb")  # nobody ever writes to it: reading it would wait for ever
     lines = []
-    options = dict(jobs=1, secret=SECRET, grader=standin_grader, progress=lines.append)
+    options = dict(settings=GradingSettings(jobs=1, secret=SECRET), grader=standin_grader, progress=lines.append)
     reports = classroom.grade_class(folder, out, **options)
     first = {path.relative_to(out): path.read_bytes() for path in out.rglob("*") if path.is_file()}
     graded_first = log.read_text().splitlines()
@@ -80,7 +82,7 @@ def test_names_reach_neither_terminal_nor_spreadsheet_as_controls(hostile_names)
     text = (hostile_names["out"] / "gradebook.csv").read_text(encoding="utf-8")
     assert "\u202e" not in text and "mognp" in text
     assert "'\u00a0=HYPERLINK(1)" in text  # quoted although a no-break space comes first
-    terminal = "\n".join(hostile_names["lines"]) + classroom.format_class_summary(hostile_names["reports"])
+    terminal = "\n".join(hostile_names["lines"]) + gradebook.format_class_summary(hostile_names["reports"])
     assert "\u202e" not in terminal and "mognp" in terminal
     assert not any(line.startswith("wline") for line in terminal.splitlines())  # no row spoofed by a newline
 
@@ -101,7 +103,7 @@ def test_bad_files_are_row_notes_and_copies_are_graded_once_and_named(hostile_na
 def test_a_rerun_grades_nothing_and_writes_the_same_files(hostile_names):
     assert hostile_names["graded_all"] == hostile_names["graded_first"]
     assert hostile_names["second"] == hostile_names["first"]
-    assert [r["exercises"] for r in hostile_names["again"]] == [r["exercises"] for r in hostile_names["reports"]]
+    assert [r.exercises for r in hostile_names["again"]] == [r.exercises for r in hostile_names["reports"]]
     assert "graded 0 of 0 submissions sent" in hostile_names["lines"][-1]
     assert "10 already graded by an earlier run" in hostile_names["lines"][-1]
 
@@ -109,7 +111,7 @@ def test_a_rerun_grades_nothing_and_writes_the_same_files(hostile_names):
 def test_csv_cells_are_escaped_after_leading_whitespace_and_format_characters_go():
     assert [gradebook.csv_safe(v) for v in ("=1", " =1", "\u00a0@A1", "\t-2", "+3", "ana", "a=b")] == [
         "'=1", "' =1", "'\u00a0@A1", "'\t-2", "'+3", "ana", "a=b"]
-    assert gradebook.plain("\u2066ana\u2069\u200b\u202e") == "ana"
+    assert gradebook.one_line("\u2066ana\u2069\u200b\u202e") == "ana"
 
 
 def test_report_paths_are_distinct_for_every_submission(tmp_path):
@@ -122,8 +124,9 @@ def test_report_paths_are_distinct_for_every_submission(tmp_path):
 
 def test_the_store_keeps_reports_by_key_and_rejects_odd_keys(tmp_path):
     store = ResultStore(tmp_path / "results")
-    store.put("a" * 40, {"score": 1})
-    assert store.get("a" * 40) == {"score": 1} and store.get("b" * 40) is None and store.keys() == {"a" * 40}
+    report = SubmissionReport("n.ipynb", "00", score=1, max_score=2, review=(Finding(1, 2, "x"),))
+    store.put("a" * 40, report)
+    assert store.get("a" * 40) == report and store.get("b" * 40) is None and store.keys() == {"a" * 40}
     with pytest.raises(ValueError, match="key must be 40 hexadecimal digits, got '../x'"):
         store.path("../x")
 
@@ -133,9 +136,10 @@ import sys
 from pathlib import Path
 from grading_standins import standin_grader
 from labkit.instructor.cluster import classroom
+from labkit.instructor.grader.settings import GradingSettings
 try:
-    classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), jobs=2, secret=b"k", grader=standin_grader,
-                          progress=lambda line: print(line, flush=True))
+    classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), GradingSettings(jobs=2, secret=b"k"),
+                          grader=standin_grader, progress=lambda line: print(line, flush=True))
 except KeyboardInterrupt:
     sys.exit(130)
 """

@@ -24,8 +24,9 @@ import pytest
 
 from grading_standins import standin_grader, standin_notebook
 from labkit.instructor.cluster import classroom, workers
+from labkit.instructor.grader.results import ResultStore, content_hash, result_key
+from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall.kernel_limits import Limits
-from labkit.instructor.grader.results import ResultStore, content_hash, grading_context, result_key
 from labkit.instructor.wall.sandbox import isolation_problem
 from slurm_cluster import NO_SLURM, our_jobs, single_node_slurm, site_config
 from slurm_cluster import stop as _stop
@@ -97,9 +98,9 @@ def _rows(out: Path) -> dict[str, dict[str, str]]:
         return {row["learner"]: row for row in csv.DictReader(file)}
 
 
-def _on_cluster(scheduler, **options):
-    return {"scheduler": scheduler["address"], "worker_secret_file": scheduler["secret_file"], "secret": SECRET,
-            "grader": standin_grader, "progress": None, **options}
+def _on_cluster(scheduler, **settings):
+    return {"settings": GradingSettings(scheduler=scheduler["address"], worker_secret_file=scheduler["secret_file"],
+                                        secret=SECRET, **settings), "grader": standin_grader, "progress": None}
 
 
 def test_a_worker_killed_mid_run_loses_nothing_and_changes_no_grade(scheduler, tmp_path):
@@ -129,7 +130,7 @@ def test_a_worker_killed_mid_run_loses_nothing_and_changes_no_grade(scheduler, t
 
 def _keys(folder: Path) -> dict[str, str]:
     """The store key of every stand-in submission (default options), by its code."""
-    context = grading_context(SECRET, 120, Limits(), True)
+    context = GradingSettings(secret=SECRET).context()
     keys = {}
     for path in folder.glob("*.ipynb"):
         data, lab, _ = classroom._check_submission(path)
@@ -142,8 +143,10 @@ import sys
 from pathlib import Path
 from grading_standins import standin_grader
 from labkit.instructor.cluster import classroom
-classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), scheduler=sys.argv[3], worker_secret_file=Path(sys.argv[4]),
-                      secret=b"cluster secret", grader=standin_grader, progress=None)
+from labkit.instructor.grader.settings import GradingSettings
+classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), GradingSettings(
+    scheduler=sys.argv[3], worker_secret_file=Path(sys.argv[4]), secret=b"cluster secret"), grader=standin_grader,
+    progress=None)
 """
 
 
@@ -192,8 +195,9 @@ def test_workers_without_the_wall_or_with_another_labkit_are_refused_with_the_re
         with Client(address, timeout=120) as client:
             client.wait_for_workers(2, timeout=300)
         with pytest.raises(workers.NoUsableWorkers) as refused:
-            classroom.grade_class(tmp_path, tmp_path / "out", scheduler=address, secret=SECRET, progress=lines.append,
-                                  worker_secret_file=tmp_path / "secret", grader=standin_grader)
+            classroom.grade_class(tmp_path, tmp_path / "out", GradingSettings(
+                scheduler=address, secret=SECRET, worker_secret_file=tmp_path / "secret"), progress=lines.append,
+                grader=standin_grader)
     finally:
         for process in processes:
             _stop(process)
@@ -242,8 +246,8 @@ def real_class(tmp_path_factory, embedded):
     nbformat.write(broken, folder / "bo.ipynb")
     (folder / "dee.ipynb").write_text("{ not a notebook")
     (tmp / "secret").write_bytes(SECRET)
-    options = {"cell_timeout_s": 30, "limits": Limits(wall_seconds=240), "secret": SECRET, "progress": None}
-    classroom.grade_class(folder, tmp / "local", jobs=2, **options)
+    options = {"cell_timeout_s": 30, "limits": Limits(wall_seconds=240), "secret": SECRET}
+    classroom.grade_class(folder, tmp / "local", GradingSettings(jobs=2, **options), progress=None)
     rows = _rows(tmp / "local")
     assert (rows["ana"]["00.softmax_temperature"], rows["ana"]["00.sample_token"]) == ("2", "2")
     assert (rows["bo"]["00.softmax_temperature"], rows["bo"]["00.sample_token"]) == ("0", "2")
@@ -253,8 +257,9 @@ def real_class(tmp_path_factory, embedded):
 
 
 def test_a_real_class_through_the_cluster_gets_the_local_runs_gradebook(scheduler, real_class, tmp_path):
-    classroom.grade_class(real_class["folder"], tmp_path / "on-cluster", scheduler=scheduler["address"],
-                          worker_secret_file=scheduler["secret_file"], **real_class["options"])
+    classroom.grade_class(real_class["folder"], tmp_path / "on-cluster", GradingSettings(
+        scheduler=scheduler["address"], worker_secret_file=scheduler["secret_file"], **real_class["options"]),
+        progress=None)
     assert (tmp_path / "on-cluster" / "gradebook.csv").read_bytes() == real_class["gradebook"].read_bytes()
 
 

@@ -18,8 +18,9 @@ import labkit.exercises
 
 from labkit.instructor.cluster import classroom
 
-from labkit.instructor.grader import grading, judging
-
+from labkit.instructor.grader import gradebook, grading, judging
+from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport, format_report, printable
+from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall import answering, worker
 from labkit.exercises.definitions import Case, Exercise
 from labkit.exercises import exercises
@@ -86,9 +87,9 @@ def test_one_exercise_whose_check_crashes_does_not_stop_the_others(monkeypatch):
 
     results = grade_here("00", {"f": lambda x: x, "softmax_with_temperature": softmax_with_temperature}, seed=3)
     # labkit's own side broke: reported as an error (no points, no blame), never a crash of the grader.
-    assert results[0]["status"] == "error" and results[0]["points"] == 0
-    assert any("reference exploded" in line for line in results[0]["details"])
-    assert results[1]["status"] == "not attempted"
+    assert results[0].status == "error" and results[0].points == 0
+    assert any("reference exploded" in line for line in results[0].details)
+    assert results[1].status == "not attempted"
 
 
 def test_grade_refuses_a_missing_file_with_a_clear_message(tmp_path):
@@ -126,18 +127,16 @@ def test_a_prediction_edited_after_its_answer_was_shown_gains_no_point():
     first, edited = {}, {}
     exec(WRONG_PREDICTION, first)
     exec(WRONG_PREDICTION.replace("'c'", "'b'"), edited)
-    graded = [{r["id"]: r for r in grade_here("00", namespace, seed=1)}["00.predict_tokenizer"]
+    graded = [{r.id: r for r in grade_here("00", namespace, seed=1)}["00.predict_tokenizer"]
               for namespace in (first, edited)]
-    assert [(r["status"], r["points"], r["close"], r["kind"]) for r in graded] == [
+    assert [(r.status, r.points, r.close, r.kind) for r in graded] == [
         ("passed", 1, False, "prediction"), ("passed", 1, True, "prediction")]
-    _, rows = classroom.gradebook([{"learner": name, "notebook": "n.ipynb", "lab": "00", "score": 1, "max_score": 3,
-                                    "exercises": [result], "cell_errors": []}
+    _, rows = gradebook.gradebook([SubmissionReport("n.ipynb", "00", 1, 3, (result,), learner=name)
                                    for name, result in zip(("first", "edited"), graded)])
     assert [(row["00.predict_tokenizer"], row["total"], row["predictions close"]) for row in rows] == [
         (1, 1, "0/1"), (1, 1, "1/1")]  # the same points; only the accuracy column tells them apart
-    report = {"notebook": "n.ipynb", "lab": "00", "score": 1, "max_score": 3, "exercises": graded[:1],
-              "cell_errors": [], "limits": {"processes": "64"}}
-    assert "00.predict_tokenizer         passed         1/1  (prediction not close)" in grading.format_report(report)
+    report = SubmissionReport("n.ipynb", "00", 1, 3, tuple(graded[:1]), limits={"processes": "64"})
+    assert "00.predict_tokenizer         passed         1/1  (prediction not close)" in format_report(report)
 
 
 def _submission(*sources: str) -> nbformat.NotebookNode:
@@ -151,8 +150,8 @@ def test_the_same_seed_gives_the_same_grade_and_the_seed_follows_the_code():
     namespace: dict = {}
     exec(FLAKY_ANSWER, namespace)
     first, again, other = (grade_here("00", namespace, seed=s) for s in (7, 7, 8))
-    assert first == again and first[0]["status"] == "failed"
-    assert first[0]["details"] != other[0]["details"]  # another seed, other random cases
+    assert first == again and first[0].status == "failed"
+    assert first[0].details != other[0].details  # another seed, other random cases
 
     notebook = _submission(FLAKY_ANSWER)
     with_outputs = _submission(FLAKY_ANSWER)
@@ -186,6 +185,7 @@ def test_limits_refuse_nonsense_with_the_argument_named():
 def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
     monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_pids_cgroup", lambda max_procs: None)
     monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_memory_cgroup", lambda memory_mb: None)
+    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_cpu_cgroup", lambda cpu_percent: None)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with Confinement(Limits()) as confinement:
         assert confinement.describe()["processes"].startswith("not enforced")
@@ -194,20 +194,18 @@ def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
 
 
 def _report(learner, lab, points, notebook="n.ipynb"):
-    results = [{"id": f"{lab}.{name}", "status": "passed" if p else "failed", "points": p, "max_points": 1}
-               for name, p in points.items()]
-    return {"learner": learner, "notebook": notebook, "lab": lab, "score": sum(points.values()),
-            "max_score": len(points), "exercises": results, "cell_errors": []}
+    results = tuple(ExerciseResult(f"{lab}.{name}", name, "code", "passed" if p else "failed", p, 1)
+                    for name, p in points.items())
+    return SubmissionReport(notebook, lab, sum(points.values()), len(points), results, learner=learner)
 
 
 def test_the_gradebook_covers_every_lab_seen_and_leaves_the_others_empty():
     reports = [
         _report("ann", "01", {"b": 1}), _report("ann", "00", {"a": 1, "z": 0}),
         _report("ben", "00", {"a": 0, "z": 0}, "first.ipynb"), _report("ben", "00", {"a": 1, "z": 1}, "second.ipynb"),
-        {"learner": "cy", "notebook": "cy.ipynb", "lab": None, "score": 0, "max_score": 0, "exercises": [],
-         "cell_errors": [], "error": "could not be graded: NotJSONError: ..."},
+        SubmissionReport("cy.ipynb", None, learner="cy", error="could not be graded: NotJSONError: ..."),
     ]
-    columns, rows = classroom.gradebook(reports)
+    columns, rows = gradebook.gradebook(reports)
     assert columns == ["learner", "labs", "00.a", "00.z", "01.b", "total", "max", "predictions close", "review",
                        "notes"]
     assert all(row["predictions close"] == "" for row in rows)  # no prediction among these exercises
@@ -233,12 +231,11 @@ def test_links_are_not_followed_and_are_noted_without_their_target(tmp_path):
 
 def test_learner_text_reaches_neither_the_terminal_nor_a_spreadsheet_as_control_or_formula():
     hostile = "\x1b[2J\x1b]0;owned\x07=cmd|' /C calc'!A0\r"
-    report = grading.printable({"notebook": "n.ipynb", "lab": "00", "score": 0, "max_score": 1, "cell_errors": [],
-                                "exercises": [{"id": "00.x", "status": "failed", "points": 0, "max_points": 1,
-                                               "details": [hostile]}], "limits": {"processes": "64"}})
-    text = grading.format_report(report)
+    report = SubmissionReport("n.ipynb", "00", 0, 1, (ExerciseResult("00.x", "x", "code", "failed", 0, 1, None, (
+        hostile,)),), limits={"processes": "64"})
+    text = format_report(report)
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "=cmd|' /C calc'!A0" in text
-    assert classroom.csv_safe(grading.printable(hostile)) == "'=cmd|' /C calc'!A0"
+    assert gradebook.csv_safe(printable(hostile)) == "'=cmd|' /C calc'!A0"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -251,14 +248,15 @@ def test_without_a_working_wall_the_grader_refuses_unless_told_and_then_says_so(
     nbformat.write(_submission(FLAKY_ANSWER), tmp_path / "ana.ipynb")
     monkeypatch.setattr(sandbox, "isolation_problem", lambda: "bubblewrap is not installed (apt-get install bubblewrap)")
     with pytest.raises(grading.IsolationUnavailable, match="bubblewrap is not installed.*--no-isolation"):
-        grading.grade_notebook(tmp_path / "ana.ipynb", secret=b"k")
+        grading.grade_notebook(tmp_path / "ana.ipynb", GradingSettings(secret=b"k"))
     with pytest.raises(grading.IsolationUnavailable):
-        classroom.grade_class(tmp_path, tmp_path / "out", secret=b"k")
-    report = grading.grade_notebook(tmp_path / "ana.ipynb", cell_timeout_s=30, secret=b"k", isolate=False)
-    assert report["isolated"] is False and report["limits"]["isolation"].startswith("not isolated")
-    assert report["exercises"][0]["status"] == "failed" and report["exercises"][0]["details"][0].startswith("random")
-    assert "not isolated" in grading.format_report(report)
-    _, rows = classroom.gradebook([{**report, "learner": "ana"}])
+        classroom.grade_class(tmp_path, tmp_path / "out", GradingSettings(secret=b"k"))
+    report = grading.grade_notebook(tmp_path / "ana.ipynb", GradingSettings(cell_timeout_s=30, secret=b"k",
+                                                                            isolate=False))
+    assert report.isolated is False and report.limits["isolation"].startswith("not isolated")
+    assert report.exercises[0].status == "failed" and report.exercises[0].details[0].startswith("random")
+    assert "not isolated" in format_report(report)
+    _, rows = gradebook.gradebook([report.with_learner("ana")])
     assert rows[0]["notes"] == "not isolated"
 
 
@@ -291,7 +289,7 @@ def test_the_review_reads_what_only_a_cheat_needs_and_not_the_course():
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks" / "solutions").glob("*.ipynb")):
         assert review_notebook(nbformat.read(path, as_version=4), path.name[:2]) == [], path.name
     cheat = _submission("import sys\nx = 1", "def f():\n    getattr(sys, 'settrace')(None)\n    return eval('1')")
-    assert [(f["cell"], f["line"], f["what"].split(":")[0]) for f in review_notebook(cheat, "00")] == [
+    assert [(f.cell, f.line, f.what.split(":")[0]) for f in review_notebook(cheat, "00")] == [
         (1, 3, "eval"), (1, 2, "the string 'settrace' spells settrace")]
 
 
@@ -315,5 +313,5 @@ def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
          "    return torch.softmax(z, dim=-1)\n", namespace)
     assert labkit.exercises.checking.check_function(exercise, namespace["softmax_with_temperature"], seed=5).status \
         == "passed"
-    graded = {r["id"]: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
-    assert graded["status"] == "failed" and "masked tokens" in graded["details"][0]
+    graded = {r.id: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
+    assert graded.status == "failed" and "masked tokens" in graded.details[0]

@@ -27,6 +27,7 @@ import labkit
 import labkit.exercises.checking
 from labkit.instructor.cluster import classroom
 from labkit.instructor.grader import grading
+from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall.kernel_limits import Limits
 from labkit.instructor.wall.sandbox import isolation_problem
 
@@ -373,10 +374,10 @@ def graded(tmp_path_factory, embedded):
     # The secret and another of the instructor's variables in the grader's environment: never inside the wall.
     saved = {key: os.environ.get(key) for key in ("LABKIT_GRADING_SECRET", "INSTRUCTOR_TOKEN")}
     os.environ.update(LABKIT_GRADING_SECRET=ENV_SECRET, INSTRUCTOR_TOKEN=ENV_TOKEN)
-    options = dict(jobs=2, cell_timeout_s=15, limits=limits, progress=lambda line: None)
     try:
         started = time.monotonic()
-        reports = classroom.grade_class(folder, out, **options)
+        reports = classroom.grade_class(folder, out, GradingSettings(jobs=2, cell_timeout_s=15, limits=limits),
+                                        progress=None)
         seconds = time.monotonic() - started
         gradebook = (out / "gradebook.csv").read_bytes()
         alice_json = (out / "reports" / "alice.json").read_bytes()
@@ -387,20 +388,21 @@ def graded(tmp_path_factory, embedded):
             connection = None
         listener.close()
         # The regrade: an honest submission and an honest mistake, again, each on its own.
-        regraded = [{**grading.grade_notebook(folder / f"{learner}.ipynb", 15, limits), "learner": learner}
-                    for learner in ("alice", "bob")]
+        regraded = [grading.grade_notebook(folder / f"{learner}.ipynb", GradingSettings(cell_timeout_s=15,
+                                                                                         limits=limits)
+                                           ).with_learner(learner) for learner in ("alice", "bob")]
     finally:
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     with open(out / "gradebook.csv", newline="") as file:
         rows = {row["learner"]: row for row in csv.DictReader(file)}
-    return {"reports": {r["learner"]: r for r in reports}, "rows": rows, "out": out,
+    return {"reports": {r.learner: r for r in reports}, "rows": rows, "out": out,
             "gradebook": gradebook, "alice_json": alice_json, "marker": marker, "connection": connection,
             "before": before, "checker": (checker, checker_before), "regraded": regraded, "seconds": seconds}
 
 
 def _errors(report) -> list[str]:
-    return [error["error"] for error in report["cell_errors"]]
+    return [error.error for error in report.cell_errors]
 
 
 HONEST_BESIDE_ATTACKS = ("alice", "carol", "outlives_run", "network", "forks", "memory", "flood",
@@ -434,7 +436,7 @@ def test_honest_learners_keep_their_grades_beside_every_attack(graded):
     assert "'=SUM(1)" in graded["gradebook"].decode()  # the learner's name is text in a spreadsheet
     assert rows["alice"]["review"] == "" and rows["carol"]["review"] == ""
     for learner in HONEST_BESIDE_ATTACKS:  # nobody beside the attacks is accused of anything
-        details = " ".join(line for result in graded["reports"][learner]["exercises"] for line in result["details"])
+        details = " ".join(line for result in graded["reports"][learner].exercises for line in result.details)
         assert "may not" not in details and "calls labkit" not in details, (learner, details)
 
 
@@ -446,20 +448,20 @@ def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
         if learner != "lower_level":  # a lower-level torch name: flagged below, a zero cannot be decided
             assert rows[learner][exercise] == "0", (learner, rows[learner])
     for learner, needle in REASONS.items():
-        details = " ".join(line for result in reports[learner]["exercises"] if result["id"] == CHEATS[learner]
-                           for line in result["details"])
+        details = " ".join(line for result in reports[learner].exercises if result.id == CHEATS[learner]
+                           for line in result.details)
         assert needle in details, (learner, details)
     # Only its own exercise: the other exercises of a submission that reached a disarmed reference keep their points.
     for learner in ("pool_reference", "listener_reference", "getattr_constant", "exec_base64"):
         assert rows[learner]["total"] == "3", (learner, rows[learner])
     # The answering step blocked: every exercise fails and says why.
     for learner in ("fifo", "forged_answers"):
-        for result in reports[learner]["exercises"]:
-            assert result["points"] == 0
-    fifo = [result["details"][0] for result in reports["fifo"]["exercises"]]
+        for result in reports[learner].exercises:
+            assert result.points == 0
+    fifo = [result.details[0] for result in reports["fifo"].exercises]
     assert all("answering step failed" in line for line in fifo), fifo
-    assert "could not be graded" in reports["kill_worker"]["exercises"][0]["details"][0]
-    flagged = {learner: "; ".join(finding["what"] for finding in report.get("review", []))
+    assert "could not be graded" in reports["kill_worker"].exercises[0].details[0]
+    flagged = {learner: "; ".join(finding.what for finding in report.review)
                for learner, report in reports.items()}  # the report's every finding (the row shows the first few)
     expected = {"fake_marker": "pre_run_cell", "patched_checker": "labkit.exercises.checking",
                 "lying_values": "defines __eq__: a comparison or type that can lie", "watcher_off": "setprofile",
@@ -513,22 +515,22 @@ def test_limits_hold_for_the_whole_submission(graded):
     assert forks.startswith("RuntimeError: forks stopped at ") and int(forks.rsplit(" ", 1)[1]) < 64
     memory = _errors(reports["memory"])[0]  # three children of 512 MiB under a 1 GiB total: one is killed (9)
     assert memory.startswith("RuntimeError: children ended with ") and 9 in json.loads(memory.split("with ")[1])
-    assert reports["flood"]["output_dropped_bytes"] > 20 * 2**20
+    assert reports["flood"].output_dropped_bytes > 20 * 2**20
     assert _errors(reports["ignores_interrupt"]) == [
         "the kernel ignored the interrupt at the time limit and was killed; it was skipped"]
-    killed = reports["kills_all"]["exercises"]
-    assert all(result["details"][0].startswith("could not be graded") for result in killed)
+    killed = reports["kills_all"].exercises
+    assert all(result.details[0].startswith("could not be graded") for result in killed)
     written = int(_errors(reports["disk_fill"])[0].split()[-2])  # /job and /tmp: 64 MB each at most
     assert 0 < written <= 2 * 64
-    slow = {error["cell"]: error["error"] for error in reports["slow_cells"]["cell_errors"]}
+    slow = {error.cell: error.error for error in reports["slow_cells"].cell_errors}
     assert 6 in slow and all("time budget of 30 s" in error for error in slow.values()), slow  # the last: not run
-    assert all(report["limits"]["isolation"].startswith("bubblewrap") for report in reports.values()
+    assert all(report.limits["isolation"].startswith("bubblewrap") for report in reports.values()
                if "limits" in report)
 
 
 def test_a_regrade_gives_the_same_grades(graded):
-    first = {r["learner"]: r["exercises"] for r in graded["reports"].values()}
-    again = {r["learner"]: r["exercises"] for r in graded["regraded"]}
+    first = {r.learner: r.exercises for r in graded["reports"].values()}
+    again = {r.learner: r.exercises for r in graded["regraded"]}
     assert again == {learner: first[learner] for learner in again} and len(again) == 2
     # The same submission handed in twice (alice, carol): the same random cases, the same verdicts.
-    assert graded["reports"]["alice"]["seed"] == graded["reports"]["carol"]["seed"]
+    assert graded["reports"]["alice"].seed == graded["reports"]["carol"].seed

@@ -18,6 +18,7 @@ import pytest
 
 import honest_corpus
 from labkit.instructor.cluster import classroom
+from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.grader import judging
 from labkit.instructor.wall import answering
 from labkit.instructor.authoring import GRADER_SKIPS_TAG
@@ -39,11 +40,11 @@ def course(tmp_path_factory, embedded):
     for submission in chosen:
         nbformat.write(submission.notebook, folder / f"{submission.name}.ipynb")
     # A loaded machine runs a course cell several times slower than a quiet one: the cell limit is generous here.
-    reports = classroom.grade_class(folder, out, jobs=2, cell_timeout_s=600, limits=Limits(wall_seconds=3600),
-                                    progress=lambda line: None, secret=b"course secret")
+    reports = classroom.grade_class(folder, out, GradingSettings(
+        jobs=2, cell_timeout_s=600, limits=Limits(wall_seconds=3600), secret=b"course secret"), progress=None)
     with open(out / "gradebook.csv", newline="") as file:
         rows = {row["learner"]: row for row in csv.DictReader(file)}
-    return {"expected": {s.name: s.expected for s in chosen}, "reports": {r["learner"]: r for r in reports},
+    return {"expected": {s.name: s.expected for s in chosen}, "reports": {r.learner: r for r in reports},
             "rows": rows}
 
 
@@ -52,16 +53,16 @@ def test_every_solution_earns_every_point_through_the_wall(course):
     solutions = {name: report for name, report in course["reports"].items() if name.startswith("solution-")}
     assert len(solutions) == 8
     for name, report in solutions.items():
-        assert "error" not in report, (name, report.get("error"))
-        points = {result["id"]: result["points"] for result in report["exercises"]}
-        assert points == course["expected"][name], (name, [r for r in report["exercises"] if r["status"] != "passed"])
-        assert report["review"] == [], (name, report["review"])
+        assert report.error is None, (name, report.error)
+        points = {result.id: result.points for result in report.exercises}
+        assert points == course["expected"][name], (name, [r for r in report.exercises if r.status != "passed"])
+        assert report.review == (), (name, report.review)
         # The course's measurements and figures were not run, and the points did not need them.
         tagged = [index for index, cell in enumerate(honest_corpus.solution(name.split("-")[1]).cells)
                   if GRADER_SKIPS_TAG in cell.metadata.get("tags", [])]
-        assert report["course_cells_not_run"] == tagged, name
-    assert sum(len(report["course_cells_not_run"]) for report in solutions.values()) >= 20
-    assert sum(report["score"] for report in solutions.values()) == 64  # the course's points (README)
+        assert list(report.course_cells_not_run) == tagged, name
+    assert sum(len(report.course_cells_not_run) for report in solutions.values()) >= 20
+    assert sum(report.score for report in solutions.values()) == 64  # the course's points (README)
 
 
 @pytest.mark.skipif(bool(SKIP_REASON), reason=f"LABKIT_SKIP_SANDBOX_TESTS: {SKIP_REASON}")
@@ -69,12 +70,12 @@ def test_honest_attempts_earn_what_the_check_gives_and_nobody_is_accused(course)
     others = {name: report for name, report in course["reports"].items() if not name.startswith("solution-")}
     assert len(others) == 1 + len(honest_corpus.NATURAL)
     for name, report in others.items():
-        points = {result["id"]: result["points"] for result in report["exercises"]}
-        assert points == course["expected"][name], (name, report["exercises"])
-        details = " ".join(line for result in report["exercises"] for line in result["details"])
+        points = {result.id: result.points for result in report.exercises}
+        assert points == course["expected"][name], (name, report.exercises)
+        details = " ".join(line for result in report.exercises for line in result.details)
         assert not any(word in details for word in ACCUSATIONS), (name, details)
-        assert report["review"] == [] and course["rows"][name]["review"] == "", (name, report["review"])
-    assert [result["status"] for result in others["learner-copy-00"]["exercises"]] == ["not attempted"] * 3
+        assert report.review == () and course["rows"][name]["review"] == "", (name, report.review)
+    assert [result.status for result in others["learner-copy-00"].exercises] == ["not attempted"] * 3
     assert course["rows"]["natural-argmax_sample"]["total"] == "3"  # 5 but sample_token's 2
 
 
@@ -86,10 +87,10 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     namespace: dict = {}
     exec(compile(honest_corpus.mistake_source(exercise, wrong), "<learner cell>", "exec"), namespace)  # noqa: S102
     _, plan, drawn = judging.plan(exercise.lab, seed=41 + index)
-    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
+    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item.id == exercise.id]})
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
-    assert (result["status"], result["points"]) == ("failed", 0), result
-    assert not any(word in " ".join(result["details"]) for word in ACCUSATIONS), result["details"]
+    assert (result.status, result.points) == ("failed", 0), result
+    assert not any(word in " ".join(result.details) for word in ACCUSATIONS), result.details
 
 
 def _names(source: str) -> tuple[set[str], set[str]]:

@@ -4,6 +4,7 @@ import time
 
 import nbformat
 
+from labkit.instructor.grader.reports import Finding
 from labkit.instructor.grader.review import MAX_CELL_BYTES, review_notebook
 
 
@@ -12,7 +13,7 @@ def _notebook(*sources: str) -> nbformat.NotebookNode:
 
 
 def _whats(notebook, lab="00") -> list[str]:
-    return [f"{f['cell']}:{f['what']}" for f in review_notebook(notebook, lab)]
+    return [f"{f.cell}:{f.what}" for f in review_notebook(notebook, lab)]
 
 
 def test_names_follow_the_data_across_cells_aliases_and_built_names():
@@ -40,8 +41,8 @@ def test_a_huge_cell_is_noted_not_read_and_costs_little():
     started = time.monotonic()
     found = review_notebook(_notebook("x = 1\n" * (4 * MAX_CELL_BYTES), "import sys\nsys.settrace(None)"), "00")
     assert time.monotonic() - started < 10
-    assert found[0]["cell"] == 0 and "not reviewed" in found[0]["what"]
-    assert found[1]["cell"] == 1 and "settrace" in found[1]["what"]
+    assert found[0].cell == 0 and "not reviewed" in found[0].what
+    assert found[1].cell == 1 and "settrace" in found[1].what
 
 
 def test_a_retyped_reference_is_named_with_its_line_and_costs_nothing():
@@ -52,9 +53,8 @@ def test_a_retyped_reference_is_named_with_its_line_and_costs_nothing():
     retyped = inspect.getsource(sampling.softmax_with_temperature).replace("logits", "scores").replace(
         "def softmax_with_temperature", "def my_softmax")
     found = review_notebook(_notebook("import torch", "x = 1\n" + retyped), "00")
-    assert found == [{"cell": 1, "line": 2, "what": "defines my_softmax: its code is labkit.core.sampling."
-                      "softmax_with_temperature's (labkit's reference answer) but for its names; the points are "
-                      "what the cases computed"}]
+    assert found == [Finding(1, 2, "defines my_softmax: its code is labkit.core.sampling.softmax_with_temperature's "
+                             "(labkit's reference answer) but for its names; the points are what the cases computed")]
     # One change beyond the names (a different call) is the learner's own code.
     assert review_notebook(_notebook(retyped.replace("softmax(", "log_softmax(")), "00") == []
 
@@ -65,7 +65,7 @@ def test_no_known_mistake_and_no_solution_resembles_a_reference():
 
     for exercise, _, wrong in honest_corpus.mistakes():
         found = review_notebook(_notebook(honest_corpus.mistake_source(exercise, wrong)), exercise.lab)
-        resembles = any("reference answer) but for its names" in f["what"] for f in found)
+        resembles = any("reference answer) but for its names" in f.what for f in found)
         # A mistake built on the reference (01's ties broken the other way...) pastes the reference as its helper.
         reference = exercise.reference
         assert resembles == (reference.__module__ == wrong.__module__ and
@@ -76,7 +76,7 @@ def test_no_known_mistake_and_no_solution_resembles_a_reference():
 
 def test_a_function_too_deep_to_compare_is_still_reviewed():
     deep = "def f(x):\n    return " + "-" * 400 + "x\nimport sys\nsys.settrace(None)\n"  # parses; copying recurses
-    assert [f["what"].split(":")[0] for f in review_notebook(_notebook(deep), "00")] == ["sys.settrace"]
+    assert [f.what.split(":")[0] for f in review_notebook(_notebook(deep), "00")] == ["sys.settrace"]
 
 
 def test_the_routes_around_the_answering_step_are_flagged_by_their_shape_not_their_names():

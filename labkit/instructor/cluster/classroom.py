@@ -20,20 +20,21 @@ so no learner's file or folder name can take the place of another output.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
 import time
 import urllib.parse
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from labkit.instructor.grader.gradebook import csv_safe, csv_text, format_class_summary, gradebook, plain  # noqa: F401
-from labkit.instructor.grader.grading import printable
-from labkit.instructor.wall.kernel_limits import Limits
-from labkit.instructor.grader.results import (STORE, ResultStore, content_hash, grading_context, result_key,
-                                       write_atomically)
+from labkit.instructor.grader.gradebook import csv_text, one_line
+from labkit.instructor.grader.reports import SubmissionReport, printable
+from labkit.instructor.grader.results import STORE, ResultStore, content_hash, result_key, write_atomically
+from labkit.instructor.grader.settings import GradingSettings
 
 JOB_WAIT_S = 1800  # how long --cluster slurm waits for its first worker (a busy queue may hold the jobs)
 INTERRUPTED = "not graded yet: the run was interrupted (run the same command again to grade the rest)"
@@ -87,13 +88,12 @@ def report_path(out: Path, folder: Path, notebook: Path) -> Path:
     return Path(out) / "reports" / f"{name}.json"
 
 
-def _unreadable(path: Path, error: BaseException | str) -> dict[str, Any]:
+def _unreadable(path: Path, error: BaseException | str) -> SubmissionReport:
     if isinstance(error, str):
         text = error
     else:
-        text = f"could not be graded: {type(error).__name__}: {printable((str(error).splitlines() or [''])[0])}"
-    return {"notebook": str(path), "lab": None, "score": 0, "max_score": 0, "exercises": [], "cell_errors": [],
-            "error": text}
+        text = f"could not be graded: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    return SubmissionReport(notebook=printable(str(path)), lab=None, error=printable(text))
 
 
 @functools.lru_cache(maxsize=1)
@@ -119,86 +119,85 @@ def _check_submission(path: Path) -> tuple[bytes, str, str]:
     return data, lab, hashlib.sha256(code.encode()).hexdigest()
 
 
-def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 120, limits: Limits = Limits(),
-                progress: Callable[[str], None] | None = print, *, secret: bytes | None = None, isolate: bool = True,
-                scheduler: str | None = None, security: Any = None, insecure_plain_tcp: bool = False,
-                worker_secret_file: Path | None = None, bar: bool = False, dashboard: bool = False,
-                grader: Callable[..., dict[str, Any]] | None = None, cluster: str = "local") -> list[dict[str, Any]]:
-    """Grade every submission in ``folder`` on ``jobs`` local workers (``cluster="slurm"``: ``jobs`` batch jobs,
-    :mod:`labkit.instructor.cluster.jobqueue`; or the running cluster at ``scheduler``); write the reports, the gradebook
-    and the class picture to ``out``. Returns the reports in path order.
+@dataclass
+class _Class:
+    """One class run's submissions: each checked entry (learner, key, code hash, lab; or its report when it was
+    refused before shipping), the store, what is still to grade (key -> path) and why some could not be."""
 
-    ``secret`` salts the random cases (default :func:`~labkit.instructor.grader.judging.grading_secret`); it reaches the
-    workers once each, over TLS; over a plain-TCP ``scheduler`` (loopback, or anywhere with
-    ``insecure_plain_tcp``) each worker reads it from ``worker_secret_file`` instead. ``grader`` replaces
-    :func:`~labkit.instructor.grader.grading.grade_notebook` on the workers (same signature; the benchmarks' stand-in).
-    On an interrupt (Ctrl-C) every sandbox is stopped, what was finished is written (the rest noted on its rows)
-    and ``KeyboardInterrupt`` is raised again. When no worker can grade, what was finished is written (the rest
-    noted with the reason) and :class:`~labkit.instructor.cluster.workers.NoUsableWorkers` is raised again.
+    entries: dict[Path, dict[str, Any]]
+    store: ResultStore
+    todo: dict[str, Path] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def grade_class(folder: Path, out: Path, settings: GradingSettings = GradingSettings(), *,
+                progress: Callable[[str], None] | None = print,
+                grader: Callable[[Path, GradingSettings], SubmissionReport] | None = None) -> list[SubmissionReport]:
+    """Grade every submission in ``folder`` on ``settings.jobs`` local workers (``settings.cluster`` "slurm":
+    that many batch jobs, :mod:`labkit.instructor.cluster.jobqueue`; or the running cluster at
+    ``settings.scheduler``); write the reports, the gradebook and the class picture to ``out``. Returns the reports
+    in path order.
+
+    ``settings.secret`` salts the random cases (default :func:`~labkit.instructor.grader.judging.grading_secret`);
+    it reaches the workers once each, over TLS; over a plain-TCP scheduler (loopback, or anywhere with
+    ``insecure_plain_tcp``) each worker reads it from ``settings.worker_secret_file`` instead. ``grader``
+    replaces :func:`~labkit.instructor.grader.grading.grade_notebook` on the workers (same signature; the
+    benchmarks' stand-in). On an interrupt (Ctrl-C) every sandbox is stopped, what was finished is written (the
+    rest noted on its rows) and ``KeyboardInterrupt`` is raised again. When no worker can grade, what was finished
+    is written (the rest noted with the reason) and :class:`~labkit.instructor.cluster.workers.NoUsableWorkers` is
+    raised again.
     """
-    from labkit.instructor.grader.judging import grading_secret
-
     folder, out = Path(folder), Path(out)
     say = progress or (lambda line: None)
     if not folder.is_dir():
         raise FileNotFoundError(f"path {folder} is not a folder")
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
-        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
-    if cluster != "local" and scheduler is not None:
-        raise ValueError(f"--cluster {cluster} starts its own scheduler: give it or --scheduler, not both")
     submissions = find_submissions(folder)
     if not submissions:
         raise ValueError(f"folder {folder} holds no .ipynb submissions")
     plan = None
-    if cluster != "local":
-        from labkit.instructor.cluster.workers import GRADER_MEMORY_BYTES
+    if settings.cluster != "local":
         from labkit.instructor.cluster.jobqueue import plan_jobs
+        from labkit.instructor.cluster.workers import GRADER_MEMORY_BYTES
 
-        plan = plan_jobs(cluster, jobs, out, _deadline_s({"limits": limits, "cell_timeout_s": cell_timeout_s}),
-                         limits.total_memory_mb * 2**20 + GRADER_MEMORY_BYTES)
-    if scheduler is None and plan is None and isolate:
+        plan = plan_jobs(settings.cluster, settings.jobs, out, settings.deadline_s,
+                         settings.limits.total_memory_mb * 2**20 + GRADER_MEMORY_BYTES)
+    if settings.scheduler is None and plan is None and settings.isolate:
         from labkit.instructor.grader.grading import require_isolation
 
         require_isolation()
-    secret = grading_secret() if secret is None else secret
-    context = grading_context(secret, cell_timeout_s, limits, isolate)
-    store = ResultStore(out / STORE)
-    entries: dict[Path, dict[str, Any]] = {}
+    settings = settings.with_secret()
+    context = settings.context()
+    run = _Class(entries={}, store=ResultStore(out / STORE))
     for learner, path in submissions:  # checked here, before anything is shipped
         try:
             data, lab, code = _check_submission(path)
         except Exception as error:  # noqa: BLE001 - one unreadable file is its learner's note, never the class's
-            entries[path] = {"learner": learner, "report": _unreadable(path, error)}
+            run.entries[path] = {"learner": learner, "report": _unreadable(path, error)}
             continue
-        entries[path] = {"learner": learner, "key": result_key(content_hash(data), {**context, "lab": lab}),
-                         "code": code, "lab": lab}
-    wanted = {entry["key"]: path for path, entry in entries.items() if "key" in entry}
-    stored = store.keys()
-    todo = {key: path for key, path in wanted.items() if key not in stored}
-    failures: dict[str, str] = {}
+        run.entries[path] = {"learner": learner, "key": result_key(content_hash(data), {**context, "lab": lab}),
+                             "code": code, "lab": lab}
+    wanted = {entry["key"]: path for path, entry in run.entries.items() if "key" in entry}
+    stored = run.store.keys()
+    run.todo = {key: path for key, path in wanted.items() if key not in stored}
     started, workers, interrupted, unusable = time.monotonic(), 0, False, None
-    if todo:
+    if run.todo:
         from labkit.instructor.cluster.workers import NoUsableWorkers
 
         try:
-            workers = _grade_on_cluster(todo, entries, store, failures, say, jobs=jobs, scheduler=scheduler,
-                                        plan=plan, security=security, insecure_plain_tcp=insecure_plain_tcp,
-                                        worker_secret_file=worker_secret_file, secret=secret, bar=bar,
-                                        dashboard=dashboard, options={"cell_timeout_s": cell_timeout_s,
-                                                                      "limits": limits, "isolate": isolate,
-                                                                      "grader": grader})
+            workers = _grade_on_cluster(run, settings, plan, say, grader)
         except KeyboardInterrupt:
             interrupted = True
         except NoUsableWorkers as error:
             unusable = error
-            for key in todo:
-                failures.setdefault(key, f"not graded: {error} (run the same command again when workers can grade)")
-    reports = _assemble(submissions, entries, store, failures, interrupted)
+            for key in run.todo:
+                run.failures.setdefault(key, f"not graded: {error} (run the same command again when workers can "
+                                             "grade)")
+    reports = _assemble(submissions, run, interrupted)
     _write_outputs(folder, out, submissions, reports)
-    kept = store.keys()
-    with_key = sum(1 for entry in entries.values() if "key" in entry)
-    say(_throughput(len(todo), sum(1 for key in todo if key in kept), len(wanted) - len(todo),
-                    len(entries) - with_key, with_key - len(wanted), time.monotonic() - started, workers))
+    kept = run.store.keys()
+    with_key = sum(1 for entry in run.entries.values() if "key" in entry)
+    say(_throughput(len(run.todo), sum(1 for key in run.todo if key in kept), len(wanted) - len(run.todo),
+                    len(run.entries) - with_key, with_key - len(wanted), time.monotonic() - started, workers))
     if interrupted:
         raise KeyboardInterrupt(f"interrupted: what was finished is in {out}")
     if unusable is not None:
@@ -206,83 +205,75 @@ def grade_class(folder: Path, out: Path, jobs: int = 1, cell_timeout_s: int = 12
     return reports
 
 
-def _grade_on_cluster(todo: dict[str, Path], entries: dict[Path, dict[str, Any]], store: ResultStore,
-                      failures: dict[str, str], say: Callable[[str], None], *, jobs: int, scheduler: str | None,
-                      plan: Any, security: Any, insecure_plain_tcp: bool, worker_secret_file: Path | None,
-                      secret: bytes, bar: bool, dashboard: bool, options: dict[str, Any]) -> int:
-    """Grade the submissions of ``todo`` (key -> path), storing each report as it comes; the number of workers."""
+def _grade_on_cluster(run: _Class, settings: GradingSettings, plan: Any, say: Callable[[str], None],
+                      grader: Callable[..., SubmissionReport] | None) -> int:
+    """Grade the submissions of ``run.todo``, storing each report as it comes; the number of workers."""
     from tqdm.auto import tqdm
 
     from labkit.instructor.cluster.workers import (PLUGIN, ClassRun, GraderPlugin, machine_identity, open_client,
-                                          prepare_model_cache)
+                                                   prepare_model_cache)
     from labkit.instructor.grader.grading import read_submission
     from labkit.instructor.grader.results import secret_identity
 
     prepare_model_cache()  # once on this machine, before any local worker starts
-    with open_client(jobs, scheduler, security=security, insecure_plain_tcp=insecure_plain_tcp, plan=plan,
-                     say=say) as (client, encrypted):
+    with open_client(settings, plan=plan, say=say) as (client, encrypted):
         expected = machine_identity()
-        if not encrypted and worker_secret_file is None:
+        if not encrypted and settings.worker_secret_file is None:
             raise ValueError("over a plain-TCP scheduler the secret does not travel: give worker_secret_file "
                              "(--worker-secret-file), a file holding it on every worker, or use tls://")
-        secret_option = {"secret": secret} if encrypted else {"secret_file": str(worker_secret_file)}
-        with tqdm(total=len(todo), unit="submission", disable=not bar, dynamic_ncols=True) as meter:
-            write = meter.write if bar else say
-            run = ClassRun(client, options, deadline_s=_deadline_s(options), say=write)
+        secret_option = ({"secret": settings.secret} if encrypted
+                         else {"secret_file": str(settings.worker_secret_file)})
+        with tqdm(total=len(run.todo), unit="submission", disable=not settings.bar, dynamic_ncols=True) as meter:
+            write = meter.write if settings.bar else say
+            class_run = ClassRun(client, settings.for_workers(), grader, say=write)
             watch = None
             if plan is not None:  # before the plugin: a worker may refuse (naming its job's log) as soon as it has it
                 from labkit.instructor.cluster.jobqueue import JobWatch
 
                 watch = JobWatch(client.cluster, plan.kind)
-                run.log_of_worker = watch.log_of_worker
-            client.register_plugin(GraderPlugin(expected, options["isolate"], secret_identity(secret),
+                class_run.log_of_worker = watch.log_of_worker
+            client.register_plugin(GraderPlugin(expected, settings.isolate, secret_identity(settings.secret),
                                                 leave_after_s=plan.leave_after_s if plan else None,
                                                 **secret_option), name=PLUGIN)
             try:
-                if dashboard and client.dashboard_link:
+                if settings.dashboard and client.dashboard_link:
                     write(f"Dask dashboard: {client.dashboard_link}")
                 if plan is None or watch is None:
-                    workers = run.usable_workers()
+                    workers = class_run.usable_workers()
                 else:  # a batch queue may hold the jobs a while; a job that fails says why within the wait
                     write(f"{plan.kind}: waiting up to {JOB_WAIT_S // 60} minutes for a job's worker to join")
-                    workers = run.usable_workers(JOB_WAIT_S, watch=watch, jobs=plan.jobs)
-                learners = _learners_by_key(entries)
+                    workers = class_run.usable_workers(JOB_WAIT_S, watch=watch, jobs=plan.jobs)
+                learners = _learners_by_key(run.entries)
 
                 def done(key: str, outcome: dict[str, Any]) -> None:
                     if "report" in outcome:
-                        store.put(key, outcome["report"])
                         report = outcome["report"]
-                        text = f"lab {report['lab']}: {report['score']}/{report['max_score']}"
+                        run.store.put(key, report)
+                        text = f"lab {report.lab}: {report.score}/{report.max_score}"
                     else:
-                        failures[key] = outcome["error"]
+                        run.failures[key] = outcome["error"]
                         text = outcome["error"]
                     for learner, path in learners.get(key, []):
-                        write(plain(f"graded {learner} ({path.name}): {text}"))
+                        write(one_line(f"graded {learner} ({path.name}): {text}"))
                     meter.update(1)
-                    meter.set_postfix(failures=len(failures), refresh=False)
+                    meter.set_postfix(failures=len(run.failures), refresh=False)
 
                 def load(path: Path, key: str) -> Callable[[], bytes]:
                     return lambda: read_submission(path)
 
-                run.run([(key, path.name, load(path, key)) for key, path in todo.items()], done,
-                        window=max(4, 2 * workers))
+                class_run.run([(key, path.name, load(path, key)) for key, path in run.todo.items()], done,
+                              window=max(4, 2 * workers))
             except KeyboardInterrupt:
-                run.stop()  # every sandbox on every worker ends now; a local cluster closes with its processes
+                class_run.stop()  # every sandbox on every worker ends now; a local cluster closes with its processes
                 raise
             finally:
                 try:
                     client.unregister_worker_plugin(PLUGIN)  # the scheduler keeps no copy of the secret
                 except Exception:  # noqa: BLE001 - a closing cluster may not answer
                     pass
-            if run.retries:
-                write(f"{run.retries} submissions were started again after their worker died")
+            if class_run.retries:
+                write(f"{class_run.retries} submissions were started again after their worker died")
         return workers
-
-
-def _deadline_s(options: dict[str, Any]) -> float:
-    """How long one submission may hold a worker before the client gives up on it: its wall time plus the
-    answering step and the judge's time."""
-    return options["limits"].wall_seconds + max(300, options["cell_timeout_s"]) + 300
 
 
 def _learners_by_key(entries: dict[Path, dict[str, Any]]) -> dict[str, list[tuple[str, Path]]]:
@@ -293,31 +284,30 @@ def _learners_by_key(entries: dict[Path, dict[str, Any]]) -> dict[str, list[tupl
     return found
 
 
-def _assemble(submissions: list[tuple[str, Path]], entries: dict[Path, dict[str, Any]], store: ResultStore,
-              failures: dict[str, str], interrupted: bool) -> list[dict[str, Any]]:
+def _assemble(submissions: list[tuple[str, Path]], run: _Class, interrupted: bool) -> list[SubmissionReport]:
     reports = []
     for learner, path in submissions:
-        entry = entries[path]
+        entry = run.entries[path]
         if "report" in entry:
             report = entry["report"]
-        elif (stored := store.get(entry["key"])) is not None:
-            report = {**stored, "notebook": str(path), "code_sha256": entry["code"]}
+        elif (stored := run.store.get(entry["key"])) is not None:
+            report = dataclasses.replace(stored, notebook=printable(str(path)), code_sha256=entry["code"])
         else:
-            report = _unreadable(path, failures.get(entry["key"], INTERRUPTED if interrupted else
-                                                    "could not be graded: no result came back"))
-        reports.append({**report, "learner": learner})
+            report = _unreadable(path, run.failures.get(entry["key"], INTERRUPTED if interrupted else
+                                                        "could not be graded: no result came back"))
+        reports.append(report.with_learner(learner))
     return reports
 
 
-def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]], reports: list[dict[str, Any]]) -> None:
+def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]],
+                   reports: list[SubmissionReport]) -> None:
     from labkit.instructor.grader.class_picture import save_class_picture
 
     for (_, path), report in zip(submissions, reports):
-        write_atomically(report_path(out, folder, path), json.dumps(report, indent=2))
+        write_atomically(report_path(out, folder, path), json.dumps(report.to_json(), indent=2))
     for learner, link in symlinked_submissions(folder):
-        reports.append({"learner": learner, "notebook": link.name, "lab": None, "score": 0, "max_score": 0,
-                        "exercises": [], "cell_errors": [],
-                        "error": "not graded: a symbolic link, not a notebook handed in"})
+        reports.append(SubmissionReport(notebook=printable(link.name), lab=None, learner=learner,
+                                        error="not graded: a symbolic link, not a notebook handed in"))
     write_atomically(out / "gradebook.csv", csv_text(reports))
     save_class_picture(reports, out / "class.png")
 

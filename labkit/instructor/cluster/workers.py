@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -198,10 +199,10 @@ def _plugin() -> GraderPlugin | None:
     return get_worker().plugins.get(PLUGIN)
 
 
-def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate: bool,
-               grader: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Runs on a worker: one submission (its file name and bytes) graded, walled off. ``{"report": ...}``, or
-    ``{"error": ...}`` when the grader itself failed (not stored: the next run tries again)."""
+def grade_task(name: str, data: bytes, settings: Any, grader: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Runs on a worker: one submission (its file name and bytes) graded, walled off, with ``settings`` and the
+    worker's own secret. ``{"report": SubmissionReport}``, or ``{"error": ...}`` when the grader itself failed (not
+    stored: the next run tries again)."""
     plugin = _plugin()
     if plugin is None or plugin.problem or plugin.should_leave(get_worker()):
         raise Reschedule()  # a worker that refused, or is too old for one more, takes no submission
@@ -213,7 +214,7 @@ def grade_task(name: str, data: bytes, cell_timeout_s: int, limits: Any, isolate
         path = Path(scratch) / name
         path.write_bytes(data)
         try:
-            return {"report": grader(path, cell_timeout_s, limits, secret=plugin.secret, isolate=isolate)}
+            return {"report": grader(path, dataclasses.replace(settings, secret=plugin.secret))}
         except Exception as error:  # noqa: BLE001 - the grader's failure is this submission's note
             return {"error": f"could not be graded: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"}
 
@@ -226,13 +227,12 @@ def _stop_sandboxes() -> int:
 
 
 @contextlib.contextmanager
-def open_client(jobs: int, scheduler: str | None = None, *, security: Security | None = None,
-                insecure_plain_tcp: bool = False, plan: Any = None,
+def open_client(settings: Any, *, plan: Any = None,
                 say: Callable[[str], None] = print) -> Iterator[tuple[Client, bool]]:
-    """A client of a local cluster of ``jobs`` single-threaded worker processes (TLS on loopback with certificates
-    made for this run, the nanny's memory limit off, its dashboard on a free port), of the batch cluster of
-    ``plan`` (a :class:`~labkit.instructor.cluster.jobqueue.JobPlan`; its choices are said once), or of the running
-    scheduler at ``scheduler``.
+    """A client of a local cluster of ``settings.jobs`` single-threaded worker processes (TLS on loopback with
+    certificates made for this run, the nanny's memory limit off, its dashboard on a free port), of the batch
+    cluster of ``plan`` (a :class:`~labkit.instructor.cluster.jobqueue.JobPlan`; its choices are said once), or of
+    the running scheduler at ``settings.scheduler`` (reached with ``settings.security``).
     Yields (client, whether the connection is encrypted)."""
     import logging
 
@@ -246,6 +246,7 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
             with Client(c) as client:
                 yield client, True
         return
+    jobs, scheduler = settings.jobs, settings.scheduler
     if scheduler is None:
         # Workers not daemonic: a grader may start processes of its own (a daemonic process cannot).
         with dask.config.set({"distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
@@ -261,8 +262,8 @@ def open_client(jobs: int, scheduler: str | None = None, *, security: Security |
         finally:
             cluster.close(timeout=30)
         return
-    scheme = check_scheduler(scheduler, insecure_plain_tcp=insecure_plain_tcp)
-    with Client(scheduler, security=security, timeout=30) as client:
+    scheme = check_scheduler(scheduler, insecure_plain_tcp=settings.insecure_plain_tcp)
+    with Client(scheduler, security=settings.security, timeout=30) as client:
         saturation = client.run_on_scheduler(_worker_saturation)
         if saturation != WORKER_SATURATION:
             import warnings
@@ -287,9 +288,12 @@ class ClassRun:
     ``deadline_s``; nothing of these is stored, so the next run tries again).
     """
 
-    def __init__(self, client: Client, options: dict[str, Any], *, deadline_s: float,
+    def __init__(self, client: Client, settings: Any, grader: Callable[..., Any] | None = None, *,
                  say: Callable[[str], None] = print) -> None:
-        self.client, self.options, self.deadline_s, self.say = client, options, deadline_s, say
+        """``settings``: the :class:`~labkit.instructor.grader.settings.GradingSettings` each worker gets (without
+        the secret: :meth:`~labkit.instructor.grader.settings.GradingSettings.for_workers`)."""
+        self.client, self.settings, self.grader, self.say = client, settings, grader, say
+        self.deadline_s = settings.deadline_s
         self.started: dict[str, tuple[float, str]] = {}  # task key -> (when it last started, on which worker)
         self.attempts: dict[str, int] = {}
         self.refused: dict[str, str] = {}
@@ -363,8 +367,8 @@ class ClassRun:
                 except Exception as error:  # noqa: BLE001 - a file that changed or vanished is its own note
                     on_done(key, {"error": f"could not be graded: {type(error).__name__}: {error}"})
                     continue
-                futures[self.client.submit(grade_task, name, data, pure=False, key=f"labkit-grade-{key}",
-                                           **self.options)] = key
+                futures[self.client.submit(grade_task, name, data, self.settings, self.grader, pure=False,
+                                           key=f"labkit-grade-{key}")] = key
                 return
 
         for _ in range(window):

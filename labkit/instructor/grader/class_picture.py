@@ -9,14 +9,14 @@ Layer 5 (instructor tools).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from labkit.instructor.grader.gradebook import gradebook, pass_counts
+from labkit.instructor.grader.reports import SubmissionReport
 
 COLOURS = {"passed": "#4c9a2a", "failed": "#c0392b", "not attempted": "#bdbdbd"}
 
 
-def class_figure(reports: list[dict[str, Any]]):
+def class_figure(reports: list[SubmissionReport]):
     """The figure (matplotlib, no pyplot state): pass counts per exercise and the score distribution."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -44,7 +44,7 @@ def class_figure(reports: list[dict[str, Any]]):
     return figure
 
 
-def save_class_picture(reports: list[dict[str, Any]], path: Path) -> Path:
+def save_class_picture(reports: list[SubmissionReport], path: Path) -> Path:
     """Draw :func:`class_figure` to the PNG ``path`` (written whole or not at all); return the path."""
     import io
 

@@ -16,17 +16,16 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grader.grading import printable
-from labkit.instructor.grader.review import summary_text
+from labkit.instructor.grader.reports import SubmissionReport, printable, summary_text
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def plain(value: Any) -> Any:
+def one_line(value: Any) -> Any:
     """``value`` on one line, without terminal escapes, control characters or format characters (bidi overrides,
     zero-width): a newline in a learner's file name cannot print a row of its own.
 
-    >>> plain("ana\\u202egnp.exe\\x1b[2J"), plain("ana\\nbo  5/5")
+    >>> one_line("ana\\u202egnp.exe\\x1b[2J"), one_line("ana\\nbo  5/5")
     ('anagnp.exe', 'ana bo  5/5')
     """
     value = printable(value)
@@ -47,7 +46,7 @@ def csv_safe(value: Any) -> Any:
     return value
 
 
-def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+def gradebook(reports: list[SubmissionReport]) -> tuple[list[str], list[dict[str, Any]]]:
     """The gradebook's columns and one row per learner.
 
     Columns: ``learner``, ``labs`` (the labs graded for that learner), one column per exercise seen in any
@@ -60,33 +59,32 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     handed in one lab twice, the better submission counts and the note says so. A submission that could not be
     graded is a note.
     """
-    exercise_ids = sorted({(r["lab"], i, e["id"]) for r in reports for i, e in enumerate(r["exercises"])})
+    exercise_ids = sorted({(r.lab, i, e.id) for r in reports for i, e in enumerate(r.exercises)})
     columns = ["learner", "labs", *[ex_id for _, _, ex_id in exercise_ids], "total", "max", "predictions close",
                "review", "notes"]
     rows, counted = [], {}
-    for learner in dict.fromkeys(r["learner"] for r in reports):  # first-seen order
-        mine = [r for r in reports if r["learner"] == learner]
-        notes = [f"{Path(r['notebook']).name} {r['error']}" for r in mine if "error" in r]
-        best: dict[str, dict[str, Any]] = {}
-        for report in (r for r in mine if "error" not in r):
-            lab = report["lab"]
+    for learner in dict.fromkeys(r.learner for r in reports):  # first-seen order
+        mine = [r for r in reports if r.learner == learner]
+        notes = [f"{Path(r.notebook).name} {r.error}" for r in mine if r.error is not None]
+        best: dict[str, SubmissionReport] = {}
+        for report in (r for r in mine if r.error is None):
+            lab = report.lab
             if lab in best:
                 notes.append(f"lab {lab} handed in twice; the better submission counts")
-            if lab not in best or report["score"] > best[lab]["score"]:
+            if lab not in best or report.score > best[lab].score:
                 best[lab] = report
         counted[learner] = best
         row: dict[str, Any] = {"learner": learner, "labs": " ".join(sorted(best)), "notes": "; ".join(notes)}
         for report in best.values():
-            row.update({result["id"]: result["points"] for result in report["exercises"]})
-        row["total"] = sum(report["score"] for report in best.values())
-        row["max"] = sum(report["max_score"] for report in best.values())
-        predictions = [result for report in best.values() for result in report["exercises"]
-                       if result.get("kind") == "prediction"]
-        row["predictions close"] = (f"{sum(result.get('close') is True for result in predictions)}/{len(predictions)}"
+            row.update({result.id: result.points for result in report.exercises})
+        row["total"] = sum(report.score for report in best.values())
+        row["max"] = sum(report.max_score for report in best.values())
+        predictions = [result for report in best.values() for result in report.exercises if result.kind == "prediction"]
+        row["predictions close"] = (f"{sum(result.close is True for result in predictions)}/{len(predictions)}"
                                     if predictions else "")
-        row["review"] = "; ".join(f"lab {lab}: {summary_text(report['review'])}" for lab, report in sorted(best.items())
-                                  if report.get("review"))
-        if any(report.get("isolated") is False for report in best.values()):
+        row["review"] = "; ".join(f"lab {lab}: {summary_text(list(report.review))}"
+                                  for lab, report in sorted(best.items()) if report.review)
+        if any(not report.isolated for report in best.values()):
             row["notes"] = "; ".join(filter(None, [row["notes"], "not isolated"]))
         rows.append(row)
     for row in rows:
@@ -95,52 +93,52 @@ def gradebook(reports: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     return columns, rows
 
 
-def _same_code(learner: str, counted: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+def _same_code(learner: str, counted: dict[str, dict[str, SubmissionReport]]) -> list[str]:
     """Notes naming the classmates who handed in the same code as ``learner`` in a lab where it answered something
     (an untouched learner notebook is the same for everyone and says nothing)."""
     notes = []
     for lab, report in sorted(counted[learner].items()):
-        code = report.get("code_sha256")
-        if not code or all(result["status"] == "not attempted" for result in report["exercises"]):
+        code = report.code_sha256
+        if not code or all(result.status == "not attempted" for result in report.exercises):
             continue
         others = [other for other, best in counted.items()
-                  if other != learner and lab in best and best[lab].get("code_sha256") == code]
+                  if other != learner and lab in best and best[lab].code_sha256 == code]
         if others:
             notes.append(f"lab {lab}: the same code as {', '.join(others)}")
     return notes
 
 
-def csv_text(reports: list[dict[str, Any]]) -> str:
+def csv_text(reports: list[SubmissionReport]) -> str:
     """The gradebook as CSV text (write it with ``newline=""``, or as bytes, to keep it byte for byte)."""
     columns, rows = gradebook(reports)
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=columns)
     writer.writeheader()
-    writer.writerows([{key: csv_safe(plain(value)) for key, value in row.items()} for row in rows])
+    writer.writerows([{key: csv_safe(one_line(value)) for key, value in row.items()} for row in rows])
     return text.getvalue()
 
 
-def pass_counts(reports: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def pass_counts(reports: list[SubmissionReport]) -> dict[str, dict[str, int]]:
     """Per exercise id: how many submissions passed, failed or did not attempt it (and labkit errors)."""
     counts: dict[str, dict[str, int]] = {}
     for report in reports:
-        for result in report["exercises"]:
-            tally = counts.setdefault(result["id"], {"passed": 0, "failed": 0, "not attempted": 0, "error": 0})
-            tally[result["status"]] = tally.get(result["status"], 0) + 1
+        for result in report.exercises:
+            tally = counts.setdefault(result.id, {"passed": 0, "failed": 0, "not attempted": 0, "error": 0})
+            tally[result.status] = tally.get(result.status, 0) + 1
     return dict(sorted(counts.items()))
 
 
-def format_class_summary(reports: list[dict[str, Any]]) -> str:
+def format_class_summary(reports: list[SubmissionReport]) -> str:
     """Per learner their score and notes; per exercise how many submissions passed, failed or did not attempt it."""
     _, rows = gradebook(reports)
-    width = max(12, *(len(plain(row["learner"])) for row in rows))
+    width = max(12, *(len(one_line(row["learner"])) for row in rows))
     lines = [f"{'learner':<{width}} {'labs':<12} {'score':>9}  notes"]
     for row in rows:
-        lines.append(f"{plain(row['learner']):<{width}} {row['labs'] or '-':<12} {row['total']:>4}/{row['max']:<4}  "
-                     f"{plain(row['notes'])}".rstrip())
+        lines.append(f"{one_line(row['learner']):<{width}} {row['labs'] or '-':<12} {row['total']:>4}/{row['max']:<4}  "
+                     f"{one_line(row['notes'])}".rstrip())
     counts = pass_counts(reports)
     width = max(28, *(len(ex_id) for ex_id in counts)) if counts else 28
     lines += ["", f"{'exercise':<{width}} {'passed':>7} {'failed':>7} {'not attempted':>14}"]
     for ex_id, tally in counts.items():
         lines.append(f"{ex_id:<{width}} {tally['passed']:>7} {tally['failed']:>7} {tally['not attempted']:>14}")
-    return plain("\n".join(lines))
+    return one_line("\n".join(lines))

@@ -22,9 +22,7 @@ A class (a folder of submissions, a CSV gradebook) is ``labkit.instructor.cluste
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import stat
 import sys
 import tempfile
@@ -32,33 +30,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grader.judging import JUDGE, grading_secret, judge, plan, submission_seed
-from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES, Limits
-from labkit.instructor.grader.review import summary_text
+from labkit.instructor.grader.judging import JUDGE, judge, plan, submission_seed
+from labkit.instructor.grader.reports import CellError, SubmissionReport, printable
+from labkit.instructor.grader.settings import GradingSettings
+from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES
+from labkit.instructor.wall import protocol
+from labkit.instructor.wall.protocol import RunResult
 
-# Terminal escape sequences and control characters (C0 but newline and tab, DEL, C1): a learner's output must not
-# move the instructor's cursor, recolour the terminal or rewrite its title.
-_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b.|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(value: Any) -> Any:
-    """``value`` (a string, or lists and dicts of them) without terminal escapes and control characters.
-
-    A file name's bytes that are not UTF-8 (kept by Python as lone surrogates) become "?".
-
-    >>> printable({"details": ["\\x1b[31mred\\x1b[0m", "bell\\x07 and title \\x1b]0;pwned\\x07", "caf\\udce9"]})
-    {'details': ['red', 'bell and title ', 'caf?']}
-    """
-    if isinstance(value, str):
-        return _CONTROL.sub("", value.encode("utf-8", "replace").decode("utf-8"))
-    if isinstance(value, list):
-        return [printable(item) for item in value]
-    if isinstance(value, dict):
-        return {key: printable(item) for key, item in value.items()}
-    return value
 KERNEL_LOG_LINES = 20
 MAX_NOTEBOOK_BYTES = SUBMISSION_BYTES  # a submission larger than this is not read
-MAX_ANSWER_BYTES = 64 * 2**20  # the answers the worker hands back
 
 
 def require_isolation() -> None:
@@ -108,11 +88,10 @@ def read_submission(path: Path) -> bytes:
     return data
 
 
-def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limits(), *,
-                   secret: bytes | None = None, isolate: bool = True) -> dict[str, Any]:
-    """Run a submitted notebook walled off and score each exercise of its lab. Returns the report (JSON-ready).
+def grade_notebook(path: Path, settings: GradingSettings = GradingSettings()) -> SubmissionReport:
+    """Run a submitted notebook walled off and score each exercise of its lab.
 
-    ``isolate=False`` runs it without the wall (the report says "not isolated"); with ``isolate`` and no working
+    ``settings.isolate`` False runs it without the wall (the report says "not isolated"); with it and no working
     bubblewrap this raises :class:`IsolationUnavailable`.
     """
     import nbformat
@@ -121,38 +100,19 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
     from labkit.instructor.grader.review import refusals, review_notebook
 
     path = Path(path)
+    settings = settings.with_secret()
+    limits, isolate = settings.limits, settings.isolate
     if isolate:
         require_isolation()
     original = read_submission(path)
     notebook = nbformat.reads(original.decode("utf-8", errors="replace"), as_version=4)
     lab = lab_of(notebook, path)
-    secret = grading_secret() if secret is None else secret
-    seed = submission_seed(notebook, secret)
+    seed = submission_seed(notebook, settings.secret)
     started = time.perf_counter()
     with JUDGE:
         _warm_model_cache()
         chosen, worker_plan, drawn = plan(lab, seed)
-    cases = json.dumps({"exercises": worker_plan}).encode()
-    received: dict[str, Any] = {}
-
-    def exchange(read_fd: int, write_fd: int) -> None:
-        """The grader's end of the pipes: the cases only when the worker's answering step asks, then its result."""
-        from labkit.instructor.wall import wire
-
-        while True:
-            try:
-                message = json.loads(wire.read_frame(read_fd, MAX_ANSWER_BYTES))
-            except (wire.WireError, ValueError, RecursionError) as error:
-                received.setdefault("problem", f"its worker's message could not be read ({error})")
-                return
-            if not isinstance(message, dict):
-                continue
-            if message.get("ready") is True and "sent" not in received:
-                received["sent"] = True
-                wire.send_frame(write_fd, cases)
-            elif "result" in message:
-                received["result"] = message["result"]
-                return
+    grader_end = protocol.GraderEnd({"exercises": worker_plan})
 
     shipped, not_run = _without_measurements(notebook, lab)
     scratch = None if isolate else Path(tempfile.mkdtemp(prefix="labkit-grade-"))
@@ -164,41 +124,30 @@ def grade_notebook(path: Path, cell_timeout_s: int = 120, limits: Limits = Limit
         run = sandbox.run_walled(
             [sys.executable, "-I", "-m", "labkit.instructor.wall.worker", "--job", str(inside), "--lab", lab,
              "--to-grader", "{from_worker}", "--from-grader", "{to_worker}",
-             "--cell-timeout", str(cell_timeout_s), "--answer-timeout", str(max(cell_timeout_s, 300)),
+             "--cell-timeout", str(settings.cell_timeout_s), "--answer-timeout", str(settings.answer_timeout_s),
              "--output-bytes", str(limits.output_mb * 2**20), "--budget-seconds", str(limits.budget_seconds),
              *(["--isolated"] if isolate else [])],
             job, limits, isolate=isolate, env=_worker_env(inside), readable=_model_cache(),
-            job_files={"submission.ipynb": shipped or original}, exchange=exchange)
+            job_files={"submission.ipynb": shipped or original}, exchange=grader_end.exchange)
     finally:
         if scratch is not None:
             sandbox.remove_tree(scratch)
-    result = received.get("result") if isinstance(received.get("result"), dict) else {}
-    status = result.get("status") if isinstance(result.get("status"), dict) else {}
-    step = result.get("answers") if isinstance(result.get("answers"), dict) else {}
-    answers = step.get("answers") if isinstance(step.get("answers"), dict) else None
+    received = grader_end.result
     answer_problem = None
-    if answers is None:
-        answer_problem = (run.stopped or _answer_cell_problem(status, step) or received.get("problem")
+    if received.answers is None:
+        answer_problem = (run.stopped or _answer_cell_problem(received) or received.problem
                           or "the notebook's run ended without answers")
     with JUDGE:
-        results = [judge(exercise, drawn.get(exercise.id), answers, answer_problem) for exercise in chosen]
-    return printable({
-        "notebook": str(path),
-        "lab": lab,
-        "score": sum(r["points"] for r in results),
-        "max_score": sum(r["max_points"] for r in results),
-        "exercises": results,
-        "cell_errors": _cell_errors(status, cell_timeout_s),
-        "course_cells_not_run": not_run,
-        "review": review_notebook(notebook, lab) + refusals(notebook, step.get("refused")),
-        "isolated": isolate,
-        "seed": seed,
-        "limits": run.limits,
-        "stopped": run.stopped,
-        "output_dropped_bytes": dropped if type(dropped := status.get("output_dropped_bytes")) is int else 0,
-        "kernel_log": run.log_tail.splitlines()[-KERNEL_LOG_LINES:],  # the end of what the run printed outside cells
-        "seconds": round(time.perf_counter() - started, 1),
-    })
+        results = [judge(exercise, drawn.get(exercise.id), received.answers, answer_problem) for exercise in chosen]
+    return SubmissionReport(
+        notebook=printable(str(path)), lab=lab, score=sum(r.points for r in results),
+        max_score=sum(r.max_points for r in results), exercises=tuple(results),
+        cell_errors=_cell_errors(received, settings.cell_timeout_s), course_cells_not_run=tuple(not_run),
+        review=tuple(review_notebook(notebook, lab) + refusals(notebook, received.refused)), isolated=isolate,
+        seed=seed, limits=run.limits, stopped=run.stopped, output_dropped_bytes=received.output_dropped_bytes,
+        # the end of what the run printed outside cells
+        kernel_log=tuple(printable(run.log_tail.splitlines()[-KERNEL_LOG_LINES:])),
+        seconds=round(time.perf_counter() - started, 1))
 
 
 def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[int]]:
@@ -256,48 +205,22 @@ def _worker_env(job: Path) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def _answer_cell_problem(status: dict[str, Any], step: dict[str, Any]) -> str | None:
-    error = step.get("error") or status.get("answer_cell_error")
-    return f"the grader's answering step failed: {str(error)[:300]}" if error else None
+def _answer_cell_problem(received: RunResult) -> str | None:
+    error = received.step_error
+    return f"the grader's answering step failed: {error}" if error else None
 
 
-def _cell_errors(status: dict[str, Any], cell_timeout_s: int) -> list[dict[str, Any]]:
+def _cell_errors(received: RunResult, cell_timeout_s: int) -> tuple[CellError, ...]:
     timed_out = f"CellTimeout: the cell ran longer than {cell_timeout_s} s and was interrupted"
     errors = []
-    for key, kind in (("errors", "error"), ("skipped", "skipped")):
-        found = status.get(key)
-        for cell, text in (found.items() if isinstance(found, dict) else []):
+    for found, kind in ((received.cell_errors, "error"), (received.skipped, "skipped")):
+        for cell, text in found.items():
             if not str(cell).isdigit():
                 continue
-            text = str(text)[:500]
+            text = printable(str(text)[:500])
             if kind == "skipped":
                 text = f"{text}; it was skipped"
             elif text.startswith(("CellTimeout", "KeyboardInterrupt")):
                 text = timed_out  # the grader's interrupt surfaces in the kernel as KeyboardInterrupt
-            errors.append({"cell": int(cell), "error": text})
-    return sorted(errors, key=lambda e: e["cell"])
-
-
-def format_report(report: dict[str, Any]) -> str:
-    """The report as a plain-text table."""
-    lines = [f"{report['notebook']} (lab {report['lab']}): {report['score']}/{report['max_score']} points",
-             f"{'exercise':<28} {'status':<14} points"]
-    for result in report["exercises"]:
-        closeness = {True: "  (prediction close)", False: "  (prediction not close)"}.get(result.get("close"), "")
-        lines.append(f"{result['id']:<28} {result['status']:<14} {result['points']}/{result['max_points']}"
-                     f"{closeness}")
-        if result["status"] in ("failed", "error"):  # "error": labkit's side broke, the details say what
-            lines += [f"    {detail}" for detail in result["details"]]
-    for error in report["cell_errors"]:
-        lines.append(f"cell {error['cell']}: {error['error']}")
-    if report.get("course_cells_not_run"):
-        lines.append(f"not run (the course's measurements and figures, which no exercise uses): cells "
-                     f"{', '.join(map(str, report['course_cells_not_run']))}")
-    lines += [f"review: {summary_text([finding])}" for finding in report.get("review", [])]
-    if report.get("stopped"):
-        lines.append(f"stopped: {report['stopped']}")
-    if report.get("isolated") is False:
-        lines.append("note: not isolated (graded without the wall, --no-isolation)")
-    if report["limits"]["processes"].startswith("not enforced"):
-        lines.append(f"note: the number of processes was {report['limits']['processes']}")
-    return printable("\n".join(lines))
+            errors.append(CellError(int(cell), text))
+    return tuple(sorted(errors, key=lambda e: e.cell))

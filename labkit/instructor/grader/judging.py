@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from labkit.instructor.grader.reports import ExerciseResult, printable
+
 SECRET_ENV = "LABKIT_GRADING_SECRET"
 JUDGE = threading.Lock()  # labkit's references (the model among them) are run by one thread at a time
 
@@ -76,7 +78,7 @@ def plan(lab: str, seed: int) -> tuple[list[Any], list[dict[str, Any]], dict[str
     return chosen, plan, drawn
 
 
-def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[str, Any]:
+def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> ExerciseResult:
     """One exercise's result, decided here from the worker's plain answers. ``cases`` is (cases, their seed), or
     the error that stopped labkit drawing them; ``problem``: why there are no answers at all (the grader's step
     did not run, or did not hand back signed answers): every exercise fails with it."""
@@ -105,6 +107,6 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> dict[
             verdict = prediction_verdict(exercise, lambda: outcome_of(0, None))
         else:
             verdict = code_verdict(exercise, cases[0], cases[1], outcome_of)
-    return {"id": exercise.id, "title": exercise.title, "kind": exercise.kind, "status": verdict.status,
-            "points": verdict.points, "max_points": exercise.points, "close": verdict.close,
-            "details": list(verdict.lines)}
+    return ExerciseResult(id=exercise.id, title=exercise.title, kind=exercise.kind, status=verdict.status,
+                          points=verdict.points, max_points=exercise.points, close=verdict.close,
+                          details=tuple(printable(list(verdict.lines))))

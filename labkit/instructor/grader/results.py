@@ -1,6 +1,7 @@
 """The durable result store of a class: each finished report kept at once, so an interrupted run resumes.
 
-A report is stored under a key made of the submission's bytes and its grading context (:func:`grading_context`:
+A report is stored under a key made of the submission's bytes and its grading context
+(:meth:`labkit.instructor.grader.settings.GradingSettings.context`:
 labkit's version and a hash of its code, the secret's identity, the cell time limit, the limits, the wall), in
 ``OUT/results/<key>.json``, written whole or not at all (:func:`write_atomically`). Running the same command again
 grades only the submissions whose key is missing, and the gradebook made from the stored reports is byte for byte
@@ -9,17 +10,16 @@ handed in twice byte for byte has one key, so it is graded once.
 
 Only the client (the process that owns the output folder) writes here; workers return reports to it.
 
-Layer 5 (instructor tools): standard library only.
+Layer 5 (instructor tools).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from labkit.instructor.grader.reports import SubmissionReport
 
 STORE = "results"
 
@@ -63,14 +63,6 @@ def code_identity() -> str:
     return hasher.hexdigest()[:16]
 
 
-def grading_context(secret: bytes, cell_timeout_s: int, limits: Any, isolate: bool) -> dict[str, Any]:
-    """Everything besides the submission's bytes that decides its report (JSON-ready)."""
-    import labkit
-
-    return {"labkit": labkit.__version__, "code": code_identity(), "secret": secret_identity(secret),
-            "cell_timeout_s": cell_timeout_s, "limits": dataclasses.asdict(limits), "isolate": isolate}
-
-
 def content_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -92,16 +84,16 @@ class ResultStore:
             raise ValueError(f"key must be 40 hexadecimal digits, got {key!r}")
         return self.folder / f"{key}.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> SubmissionReport | None:
         """The stored report, or None when there is none (or it cannot be read: it is graded again)."""
         try:
-            report = json.loads(self.path(key).read_text(encoding="utf-8"))
+            data = json.loads(self.path(key).read_text(encoding="utf-8"))
+            return SubmissionReport.from_json(data) if isinstance(data, dict) else None
         except (OSError, ValueError):
             return None
-        return report if isinstance(report, dict) else None
 
-    def put(self, key: str, report: dict[str, Any]) -> None:
-        write_atomically(self.path(key), json.dumps(report, indent=2, sort_keys=True))
+    def put(self, key: str, report: SubmissionReport) -> None:
+        write_atomically(self.path(key), json.dumps(report.to_json(), indent=2, sort_keys=True))
 
     def keys(self) -> set[str]:
         return {path.stem for path in self.folder.glob("*.json")} if self.folder.is_dir() else set()

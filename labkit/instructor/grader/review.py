@@ -9,7 +9,7 @@ reports, it does not guess at intent: an instructor decides. Code it cannot pars
     >>> import nbformat
     >>> nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\\nsys.setprofile(None)")])
     >>> review_notebook(nb, "00")
-    [{'cell': 0, 'line': 2, 'what': "sys.setprofile: a profile or trace hook (switches off the checker's tripwire)"}]
+    [Finding(cell=0, line=2, what="sys.setprofile: a profile or trace hook (switches off the checker's tripwire)")]
 
 Layer 5 (instructor tools).
 """
@@ -22,6 +22,8 @@ import functools
 import json
 from pathlib import Path
 from typing import Any
+
+from labkit.instructor.grader.reports import Finding, printable
 
 _NAMES = {  # an identifier anywhere (a name, an attribute, or a string that spells it) -> why it is listed
     **dict.fromkeys(["_getframe", "currentframe", "f_back", "f_globals", "f_locals", "f_code", "tb_frame", "gi_frame",
@@ -69,8 +71,8 @@ _STRINGS = {"solutions": "names the solution notebooks", ".ipynb": "names a note
             "/job": "names the grader's folder inside the wall (where the grader's own files were)"}
 
 
-def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
-    """What in the notebook's code cells deserves the instructor's look: ``{"cell", "line", "what"}`` each.
+def review_notebook(notebook: Any, lab: str) -> list[Finding]:
+    """What in the notebook's code cells deserves the instructor's look: a :class:`Finding` each (cell, line, what).
 
     Names follow the data: an import anywhere in the notebook (a course cell's too, as lab 01's ``sampling``)
     names what its alias stands for in every cell. A cell over :data:`MAX_CELL_BYTES` (or past
@@ -86,15 +88,15 @@ def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
             continue
         source = cell.source if isinstance(cell.source, str) else ""
         if len(source) > MAX_CELL_BYTES or read + len(source) > MAX_NOTEBOOK_BYTES:
-            found.append({"cell": index, "line": 1, "what": f"a cell of {len(source):,} characters: not reviewed "
-                          f"(the review reads cells up to {MAX_CELL_BYTES:,} and {MAX_NOTEBOOK_BYTES:,} in all)"})
+            found.append(Finding(index, 1, f"a cell of {len(source):,} characters: not reviewed (the review "
+                                 f"reads cells up to {MAX_CELL_BYTES:,} and {MAX_NOTEBOOK_BYTES:,} in all)"))
             continue
         read += len(source)
         try:
             tree = ast.parse(_python_of(source))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             if source.strip() not in course:
-                found.append({"cell": index, "line": 1, "what": "code that does not parse as Python"})
+                found.append(Finding(index, 1, "code that does not parse as Python"))
             continue
         trees.append((index, tree, source.strip() in course))
     imported: dict[str, str] = {}
@@ -110,7 +112,7 @@ def review_notebook(notebook: Any, lab: str) -> list[dict[str, Any]]:
                            *_resemblances(tree, shapes)]:
             if (line, what) not in seen:
                 seen.add((line, what))
-                found.append({"cell": index, "line": line, "what": what})
+                found.append(Finding(index, line, printable(what)))
     return found
 
 
@@ -128,7 +130,7 @@ def _imports(tree: ast.AST) -> dict[str, str]:
     return imported
 
 
-def refusals(notebook: Any, refused: Any) -> list[dict[str, Any]]:
+def refusals(notebook: Any, refused: Any) -> list[Finding]:
     """What the grader's audit hook refused while the notebook ran (``labkit.instructor.wall.answering``: each with the
     refused line's number and text), as findings: the cell is the first code cell holding that line, or None."""
     found = []
@@ -138,18 +140,9 @@ def refusals(notebook: Any, refused: Any) -> list[dict[str, Any]]:
         text, line = str(item.get("text") or "")[:200], item.get("line")
         cell = next((index for index, entry in enumerate(notebook.cells) if entry.cell_type == "code" and text and
                      text in [row.strip() for row in str(entry.source).splitlines()]), None)
-        found.append({"cell": cell, "line": line if type(line) is int else 0,
-                      "what": f"refused while it ran: {str(item.get('what'))[:120]}" + (f" ({text})" if text else "")})
+        found.append(Finding(cell, line if type(line) is int else 0, printable(
+            f"refused while it ran: {str(item.get('what'))[:120]}" + (f" ({text})" if text else ""))))
     return found
-
-
-def summary_text(findings: list[dict[str, Any]], limit: int = 6) -> str:
-    """The gradebook cell: ``cell 4 line 2: sys.setprofile (...)``, the first few, and how many more."""
-    parts = [f"cell {f['cell']} line {f['line']}: {f['what']}" if f["cell"] is not None else f["what"]
-             for f in findings[:limit]]
-    if len(findings) > limit:
-        parts.append(f"and {len(findings) - limit} more")
-    return "; ".join(parts)
 
 
 def _python_of(source: str) -> str:

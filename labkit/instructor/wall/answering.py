@@ -1,26 +1,41 @@
 """The grader's answering step inside the learner's kernel (run by the worker, never trusted outside).
 
 The worker runs one cell of its own before the notebook's first cell: :func:`install`. Before any learner code
-runs it binds everything the answering step uses (the lab's exercises, the checker's call, the functions to
-disarm and their code), takes a key from the worker over a socket only this kernel has, and adds a PEP 578 audit
-hook. An audit hook cannot be removed; this one is reachable from no name (only the interpreter holds it).
+runs it binds everything the answering step uses (the lab's exercises, the checker's call, the labkit code each
+exercise may not reach: :mod:`labkit.instructor.wall.reach`), takes a key from the worker over a socket only this
+kernel has (:mod:`labkit.instructor.wall.protocol`) and puts it where no learner frame reaches it (a signer's
+keyword default, read by nobody; the signer signs for the step's own frames only), and adds a PEP 578 audit hook.
+An audit hook cannot be removed; this one is reachable from no name (only the interpreter holds it).
 
 The answering step runs inside that hook, when the worker's last cell raises the audit event
 :data:`ANSWER_EVENT`: a learner cell cannot replace it, only stop it (then there are no answers, and every
-exercise fails with the reason). It signs "go" to the worker, and only then receives the case inputs: nothing the
-notebook ran before could have seen them. It calls each exercise's function
-(:func:`labkit.exercises.calling.call_safely`: copies, time limit, the checker's tripwire on calls into labkit)
-with the labkit functions that exercise may not use **disarmed**: for the duration of that exercise's calls their
-code is swapped in place for a tripwire (:func:`disarmed`), so every alias, ``partial``, thread, pool, listener or
-callback that holds them reaches the tripwire, and that exercise fails, naming the function. Nothing is guessed:
-the answers go back signed with the key, so nothing a learner cell wrote can pass for them.
+exercise fails with the reason). Before it signs "go" it
+
+- loads a seccomp filter (libseccomp's, :func:`no_new_processes`): from then on the kernel itself refuses every
+  thread of this process a new process or program (``fork``, ``clone`` of a process, ``execve``), whatever starts
+  it (``subprocess``, ``_posixsubprocess``, ``multiprocessing``, ``os.posix_spawn``, C code);
+- finds every function object of the interpreter running code an exercise may not reach, or a copy of it (the
+  same code object, or the same file, first line and qualified name).
+
+Then it receives the case inputs (nothing the notebook ran before could have seen them) and calls each
+exercise's function (:func:`labkit.exercises.calling.call_safely`: copies, time limit, the checker's tripwire on
+calls into labkit) with all of that exercise's functions **disarmed**: their code swapped in place for a tripwire
+(:func:`disarmed`) for the duration, so every alias, copy, ``partial``, thread, pool, listener or callback that
+holds them reaches the tripwire, and that exercise fails, naming the function. Nothing is guessed: the answers go
+back signed, so nothing a learner cell wrote can pass for them.
 
 The hook refuses (a ``PermissionError`` where the learner's code did it) what would reach around the disarming or
-into the step itself, and records each refusal, with its line, for the instructor's review: new code or function
-objects and a function's ``__code__`` (a copy of a reference that disarming would miss), ``marshal``, ``gc``'s
-object graph, ``ctypes`` and a process's memory, another audit hook, ``sys.setprofile``/``sys.settrace`` (the
-checker's tripwire); while answering, the grader's frames and any new process (a fresh interpreter would import
-labkit armed). A refusal costs only what the refused line computed.
+into the step, and records each refusal with its line for the instructor's review. Whose doing an event is: the
+learner's when the frame that raised it is the learner's; for building a function or code object on labkit's code
+(or swapping a labkit function's code) and for ``gc``'s object graph, also when a learner's frame is anywhere
+below a library's (``copy``'s ``__reduce__``, ``dis``, ``inspect`` launder nothing). Refused: new code or function
+objects and a function's ``__code__``, ``marshal``, ``gc``'s object graph, ``ctypes`` and a process's memory,
+another audit hook, ``sys.setprofile``/``sys.settrace`` (the checker's tripwire), the signer's key; while
+answering, every thread's frames and any process signal. Only exact built-in types are read in the hook, so no
+method of a learner's object ever runs in it; and the hook runs untraced except for the answering event itself, so
+the checker's tripwire never sees the grader's code. An honest function past its time limit is told only that:
+when the interpreter drops the time limit's trace after it raised (the learner's frame on top), the hook refuses
+it silently (the limit stays armed) and records nothing. A refusal costs only what the refused line computed.
 
 Layer 5 (instructor tools).
 """
@@ -35,8 +50,6 @@ ANSWER_EVENT = "labkit.answer"
 PREPARE_EVENT = "labkit.answer.next"  # the next event is the answering one: the hook may be traced for it
 # The worker's last cell: it starts the step.
 ANSWER_CELL = f"import sys as _sys\n_sys.audit({PREPARE_EVENT!r})\n_sys.audit({ANSWER_EVENT!r})"
-KEY_BYTES = 32
-MAX_CASES_BYTES = 256 * 2**20
 _ATTRIBUTES = frozenset({"__code__", "__globals__", "__closure__", "tb_frame", "f_code", "gi_frame", "gi_code",
                          "cr_frame", "cr_code", "ag_frame", "ag_code", "f_back", "f_globals", "f_locals",
                          "__defaults__", "__kwdefaults__"})
@@ -64,13 +77,13 @@ _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a f
 
 def prologue(fd: int, lab: str) -> str:
     """The worker's first cell: :func:`install` on the kernel's end of the socket ``fd``, for ``lab``."""
-    return f"import labkit.instructor.wall.answering as _labkit_watch\n_labkit_watch.install({fd}, {lab!r})\ndel _labkit_watch"
+    return (f"import labkit.instructor.wall.answering as _labkit_answering\n"
+            f"_labkit_answering.install({fd}, {lab!r})\ndel _labkit_answering")
 
 
 def install(fd: int, lab: str) -> None:
     """Bind the answering step and add the audit hook (the worker's first cell, before any learner code)."""
     import gc
-    import json
     import linecache
     import os
     import sys
@@ -81,9 +94,9 @@ def install(fd: int, lab: str) -> None:
     import labkit
     from labkit.exercises import calling, exercises
     from labkit.exercises.deadline import Deadline, is_checker_code as checker
-    from labkit.instructor.wall import wire
+    from labkit.instructor.wall import protocol
 
-    key: bytes | None = wire.read_frame(fd, KEY_BYTES, timeout_s=60)
+    key: bytes | None = protocol.take_key(fd)
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
     library = tuple(os.path.abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
@@ -219,8 +232,9 @@ def install(fd: int, lab: str) -> None:
 
     def step() -> None:
         state["step"], state["bottom"] = True, getframe(0)
-        try:
-            os.set_blocking(fd, True)  # however a learner cell left it
+        namespace = shell.user_ns if shell is not None else {}
+
+        def prepare() -> None:
             processes_filter.load()  # from here on the kernel itself refuses a new process or program
             state["busy"] = True  # the grader's own search: nothing in it is the learner's
             try:
@@ -228,19 +242,16 @@ def install(fd: int, lab: str) -> None:
             finally:
                 state["busy"] = False
             kit.find_copies(functions)
-            wire.send_frame(fd, sign(b"go"))
-            plan = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
-            payload = {"answers": answer_plan(shell.user_ns if shell is not None else {}, plan, kit)}
-        except BaseException as error:  # noqa: BLE001 - whatever stopped the step is its error, shown per exercise
-            payload = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+        try:
+            protocol.kernel_step(fd, sign, prepare, lambda cases: answer_plan(namespace, cases, kit),
+                                 lambda: list(state["refused"]))
         finally:
             state["step"] = False
-        payload["refused"] = state["refused"]
-        wire.send_frame(fd, sign(json.dumps(payload).encode()))
 
     # The key lives only in the signer's keyword default, a read the hook refuses to anyone; the signer signs only
     # for the step's own frame. So a frame a learner reaches (a signal handler gets one) yields neither.
-    sign = _signer(key, step.__code__, getframe)
+    sign = _signer(key, (protocol.kernel_step.__code__, step.__code__), getframe)
     key = None
 
     # CPython runs audit hooks untraced unless the hook says it may be traced (``__cantrace__``, read at every
@@ -250,13 +261,16 @@ def install(fd: int, lab: str) -> None:
     sys.addaudithook(_Traceable(hook, state))
 
 
-def _signer(key: bytes, step_code: types.CodeType, getframe: Callable[[int], Any]) -> Callable[[bytes], bytes]:
-    """``sign(payload)``: the payload signed with ``key``, for a caller running ``step_code`` only. The key is the
+def _signer(key: bytes, callers: tuple[types.CodeType, types.CodeType],
+            getframe: Callable[[int], Any]) -> Callable[[bytes], bytes]:
+    """``sign(payload)``: the payload signed with ``key``, only for the step's own messages: its caller runs
+    ``callers[0]`` (the protocol's kernel end), called by a frame running ``callers[1]`` (the step). The key is the
     function's keyword default (its closure holds no secret); the audit hook refuses every read of it."""
     from labkit.instructor.wall.wire import sign as sign_with
 
     def sign(payload: bytes, *, _key: bytes = b"") -> bytes:
-        if getframe(1).f_code is not step_code:
+        caller = getframe(1)
+        if caller.f_code is not callers[0] or caller.f_back is None or caller.f_back.f_code is not callers[1]:
             raise PermissionError("labkit grade: only the grader's answering step signs")
         return sign_with(_key, payload)
 

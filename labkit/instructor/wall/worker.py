@@ -29,7 +29,6 @@ from typing import Any
 
 MAX_KERNEL_DEATHS = 3
 INTERRUPT_GRACE_S = 5  # after a time limit's interrupt, how long a kernel has to stop before it is killed
-MAX_MESSAGE_BYTES = 256 * 2**20
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -73,59 +72,6 @@ def _client_class():
     return CappedClient
 
 
-class _Step:
-    """The worker's side of the answering step: go (signed) -> the cases from the grader -> answers (signed)."""
-
-    def __init__(self, sock: Any, key: bytes, grader: tuple[int, int], timeout_s: int) -> None:
-        self.sock, self.key, self.grader, self.timeout_s = sock, key, grader, timeout_s
-        self.answers: Any = None
-        self.error: str | None = None
-        self.thread: threading.Thread | None = None
-        self.armed = threading.Event()
-
-    def start(self) -> None:
-        """Start the step's thread now, before any learner cell: a notebook that used up its process limit (forked
-        children, even killed ones, count until their parent reaps them) must not keep the grader from answering.
-        It waits until :meth:`arm` (the grader's last cell)."""
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def arm(self) -> None:
-        self.armed.set()
-
-    def _run(self) -> None:
-        from labkit.instructor.wall import wire
-
-        self.armed.wait()
-        fd = self.sock.fileno()
-        try:
-            for _ in range(1000):  # what a learner cell left on the socket is skipped: only a signed "go" counts
-                try:
-                    if wire.unsign(self.key, wire.read_frame(fd, 2**20, self.timeout_s)) == b"go":
-                        break
-                except wire.WireError as error:
-                    if "signed" not in str(error):
-                        raise
-            else:
-                raise wire.WireError("the grader's step never started")
-            wire.send_frame(self.grader[1], json.dumps({"ready": True}).encode())
-            wire.send_frame(fd, wire.read_frame(self.grader[0], MAX_MESSAGE_BYTES, self.timeout_s))
-            while True:
-                try:
-                    result = json.loads(wire.unsign(self.key, wire.read_frame(fd, MAX_MESSAGE_BYTES, self.timeout_s)))
-                    break
-                except wire.WireError as error:
-                    if "signed" not in str(error):
-                        raise
-            self.answers = result
-        except Exception as error:  # noqa: BLE001 - reported as the step's error
-            self.error = f"{type(error).__name__}: {error}"[:300]
-
-    def wait(self, timeout_s: float) -> None:
-        if self.thread is not None and self.armed.is_set():  # never armed: it has nothing to finish
-            self.thread.join(timeout=timeout_s)
-
-
 def _kill_others(keep: set[int]) -> None:
     """Kill every process of the wall's PID namespace but the worker, its ancestors and the kernel."""
     import signal
@@ -161,14 +107,14 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
     from nbclient.exceptions import DeadKernelError
     from traitlets.config import Config
 
-    from labkit.instructor.wall import answering, wire
+    from labkit.instructor.wall import answering, protocol
 
     skipped: dict[int, str] = {}
     client_class = _client_class()
     budget = output_bytes
     # Read once, before any of its code runs: a notebook that rewrites its own file changes nothing here.
     original = (job / "submission.ipynb").read_text(encoding="utf-8", errors="replace")
-    step: _Step | None = None
+    step: protocol.WorkerRelay | None = None
     carried = 0.0  # the budget a cell that ignored its interrupt used: not given back on the next run
     for _ in range(MAX_KERNEL_DEATHS + 1):
         spent = {"seconds": carried, "started": None}  # per kernel: a crash costs at most one budget more
@@ -178,9 +124,7 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
         for index in skipped:
             notebook.cells[index].source = "# skipped by the grader: " + skipped[index]
         ours, kernels = socket.socketpair()
-        key = os.urandom(32)
-        wire.send_frame(ours.fileno(), key)
-        step = _Step(ours, key, grader, answer_timeout_s)
+        step = protocol.WorkerRelay(ours.fileno(), protocol.hand_key(ours.fileno()), grader, answer_timeout_s)
         step.start()
         notebook.cells.insert(0, nbformat.v4.new_code_cell(answering.prologue(kernels.fileno(), lab)))
         notebook.cells.append(nbformat.v4.new_code_cell(answering.ANSWER_CELL))
@@ -252,11 +196,11 @@ def run_notebook(job: Path, lab: str, grader: tuple[int, int], cell_timeout_s: i
             kernels.close()
         break
     step.wait(5)
-    answers = step.answers if isinstance(step.answers, dict) else None
+    answers = step.payload
     prologue_error = errors.get(0)
     answer_error = step.error or errors.get(last) or (
-        None if step.answers else "it never ran (a cell of the notebook stopped it, or the kernel died)")
-    if prologue_error or (client.current_cell == 0 and not step.answers):
+        None if answers else "it never ran (a cell of the notebook stopped it, or the kernel died)")
+    if prologue_error or (client.current_cell == 0 and not answers):
         answer_error = f"the grader's first cell failed: {prologue_error or 'the kernel died in it'}"
     status = {"errors": {str(k - 1): v for k, v in errors.items() if k not in (0, last)},
               "answer_cell_error": None if answers and "answers" in answers else (answer_error or "no answers"),
@@ -302,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     for fd in (args.to_grader, args.from_grader):
         os.set_inheritable(fd, False)  # the kernel never gets the grader's pipes
     os.environ.setdefault("JUPYTER_RUNTIME_DIR", str(Path(os.environ.get("TMPDIR", "/tmp")) / "jupyter-runtime"))
-    from labkit.instructor.wall import wire
+    from labkit.instructor.wall import protocol
 
     try:
         result = run_notebook(args.job, args.lab, (args.from_grader, args.to_grader), args.cell_timeout,
@@ -310,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as error:  # noqa: BLE001 - the grader reports it
         result = {"status": {"answer_cell_error": f"the worker failed: {type(error).__name__}: {error}"[:300]},
                   "answers": None}
-    wire.send_frame(args.to_grader, json.dumps({"result": result}).encode())
+    protocol.send_result(args.to_grader, result["status"], result["answers"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,195 @@
+"""The answering step's handshake, all three ends in one place: the grader (outside the wall), the worker (inside,
+untrusted but not the learner's) and the learner's kernel (where the answering step runs).
+
+Every message is one frame (:func:`labkit.instructor.wall.wire.send_frame`: a length, then the bytes)::
+
+    worker -> kernel   the key                        once, before any learner cell (:func:`hand_key`, :func:`take_key`)
+    kernel -> worker   signed "go"                    the step started: nothing the notebook ran saw the cases
+    worker -> grader   {"ready": true}
+    grader -> worker   {"exercises": [...]}           the case inputs, relayed to the kernel as they are
+    kernel -> worker   signed {"answers"|"error", "refused"}
+    worker -> grader   {"result": {"status": ..., "answers": <that payload>}}   the worker's one report
+
+Only what the key signs counts as the kernel's: a learner cell may write anything to the socket, and every frame
+not signed is skipped. The kernel signs with :func:`labkit.instructor.wall.answering.install`'s signer, which
+holds the key out of the learner's reach. The grader reads the worker's report as :class:`RunResult`.
+
+Layer 5 (instructor tools).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from labkit.instructor.wall import wire
+
+KEY_BYTES = 32
+GO = b"go"
+MAX_CASES_BYTES = 256 * 2**20  # the case inputs of one lab
+MAX_MESSAGE_BYTES = 256 * 2**20  # a signed payload of answers
+MAX_RESULT_BYTES = 64 * 2**20  # the worker's report to the grader
+MAX_SKIPPED_FRAMES = 1000  # what a learner cell may leave on the socket before the step's own frame
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The key
+
+
+def hand_key(fd: int) -> bytes:
+    """The worker's end: a fresh key, sent to the kernel on ``fd``; returned to check what the kernel signs."""
+    key = os.urandom(KEY_BYTES)
+    wire.send_frame(fd, key)
+    return key
+
+
+def take_key(fd: int) -> bytes:
+    """The kernel's end: the key the worker sent (before any learner cell ran)."""
+    return wire.read_frame(fd, KEY_BYTES, timeout_s=60)
+
+
+def read_signed(fd: int, key: bytes, cap: int, timeout_s: float) -> bytes:
+    """The payload of the next frame on ``fd`` signed with ``key``; unsigned frames are skipped."""
+    for _ in range(MAX_SKIPPED_FRAMES):
+        try:
+            return wire.unsign(key, wire.read_frame(fd, cap, timeout_s))
+        except wire.WireError as error:
+            if "signed" not in str(error):
+                raise
+    raise wire.WireError("no signed message among the frames on the kernel's socket")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The kernel's end
+
+
+def kernel_step(fd: int, sign: Callable[[bytes], bytes], prepare: Callable[[], None],
+                answer: Callable[[dict[str, Any]], dict[str, Any]], refused: Callable[[], list[dict[str, Any]]]) -> None:
+    """The answering step's messages: ``prepare()``, signed "go", the cases, then ``answer(cases)`` signed with
+    what was ``refused()``. Whatever stops the step is its error (every exercise then fails with it).
+
+    ``sign`` signs for its caller's frame only when that frame runs the step's own code, so it is called here
+    through the step's frame: see :func:`labkit.instructor.wall.answering.install`."""
+    os.set_blocking(fd, True)  # however a learner cell left it
+    try:
+        prepare()
+        wire.send_frame(fd, sign(GO))
+        cases = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
+        payload: dict[str, Any] = {"answers": answer(cases)}
+    except BaseException as error:  # noqa: BLE001 - whatever stopped the step is its error, shown per exercise
+        payload = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+    payload["refused"] = refused()
+    wire.send_frame(fd, sign(json.dumps(payload).encode()))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The worker's end
+
+
+class WorkerRelay:
+    """The worker's side of the step, on a thread started before any learner cell (a notebook that used up its
+    process limit must not keep the grader from answering) and armed by the worker's last cell: signed "go" ->
+    ready to the grader -> the grader's cases to the kernel -> the kernel's signed payload."""
+
+    def __init__(self, kernel_fd: int, key: bytes, grader: tuple[int, int], timeout_s: float) -> None:
+        self.kernel_fd, self.key, self.grader, self.timeout_s = kernel_fd, key, grader, timeout_s
+        self.payload: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.thread: threading.Thread | None = None
+        self.armed = threading.Event()
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def arm(self) -> None:
+        self.armed.set()
+
+    def _run(self) -> None:
+        self.armed.wait()
+        try:
+            if read_signed(self.kernel_fd, self.key, 2**20, self.timeout_s) != GO:
+                raise wire.WireError("the grader's step never started")
+            from_grader, to_grader = self.grader
+            wire.send_frame(to_grader, json.dumps({"ready": True}).encode())
+            wire.send_frame(self.kernel_fd, wire.read_frame(from_grader, MAX_CASES_BYTES, self.timeout_s))
+            payload = json.loads(read_signed(self.kernel_fd, self.key, MAX_MESSAGE_BYTES, self.timeout_s))
+            self.payload = payload if isinstance(payload, dict) else None
+        except Exception as error:  # noqa: BLE001 - reported as the step's error
+            self.error = f"{type(error).__name__}: {error}"[:300]
+
+    def wait(self, timeout_s: float) -> None:
+        if self.thread is not None and self.armed.is_set():  # never armed: it has nothing to finish
+            self.thread.join(timeout=timeout_s)
+
+
+def send_result(to_grader: int, status: dict[str, Any], payload: dict[str, Any] | None) -> None:
+    """The worker's one report: the notebook run's status and the kernel's payload (None: no answers)."""
+    wire.send_frame(to_grader, json.dumps({"result": {"status": status, "answers": payload}}).encode())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The grader's end
+
+
+@dataclass
+class RunResult:
+    """What the worker reported, read defensively: the worker is inside the wall, so nothing here is trusted to be
+    well-formed (anything malformed reads as absent)."""
+
+    answers: dict[str, Any] | None = None  # exercise id -> the kernel's plain answer
+    refused: list[Any] = field(default_factory=list)  # what the hook refused, for the review
+    step_error: str | None = None  # why the answering step gave no answers
+    cell_errors: dict[str, Any] = field(default_factory=dict)  # cell index -> its error
+    skipped: dict[str, Any] = field(default_factory=dict)  # cell index -> why it was not run
+    output_dropped_bytes: int = 0
+    problem: str | None = None  # the worker's message could not be read
+
+    @classmethod
+    def of(cls, message: Any, problem: str | None = None) -> RunResult:
+        result = message.get("result") if isinstance(message, dict) else None
+        result = result if isinstance(result, dict) else {}
+        status = result.get("status") if isinstance(result.get("status"), dict) else {}
+        step = result.get("answers") if isinstance(result.get("answers"), dict) else {}
+        answers = step.get("answers") if isinstance(step.get("answers"), dict) else None
+        error = step.get("error") or status.get("answer_cell_error")
+        dropped = status.get("output_dropped_bytes")
+        return cls(answers=answers, refused=step.get("refused") if isinstance(step.get("refused"), list) else [],
+                   step_error=str(error)[:300] if error else None,
+                   cell_errors=status.get("errors") if isinstance(status.get("errors"), dict) else {},
+                   skipped=status.get("skipped") if isinstance(status.get("skipped"), dict) else {},
+                   output_dropped_bytes=dropped if type(dropped) is int else 0, problem=problem)
+
+
+class GraderEnd:
+    """The grader's end of the worker's pipes: the cases only when the step is ready, then the worker's report.
+    ``exchange`` runs on the sandbox's exchange thread; :attr:`result` is what came back."""
+
+    def __init__(self, cases: dict[str, Any]) -> None:
+        self.cases = json.dumps(cases).encode()
+        self.sent = False
+        self.message: Any = None
+        self.problem: str | None = None
+
+    def exchange(self, read_fd: int, write_fd: int) -> None:
+        while True:
+            try:
+                message = json.loads(wire.read_frame(read_fd, MAX_RESULT_BYTES))
+            except (wire.WireError, ValueError, RecursionError) as error:
+                self.problem = self.problem or f"its worker's message could not be read ({error})"
+                return
+            if not isinstance(message, dict):
+                continue
+            if message.get("ready") is True and not self.sent:
+                self.sent = True
+                wire.send_frame(write_fd, self.cases)
+            elif "result" in message:
+                self.message = message
+                return
+
+    @property
+    def result(self) -> RunResult:
+        return RunResult.of(self.message, None if self.message is not None else self.problem)
