@@ -248,7 +248,8 @@ PAGE_ANSWERS_KNOWN: dict[str, str] = {
 
 
 @pytest.mark.parametrize("exercise", [
-    pytest.param(exercise, id=exercise.id, marks=[pytest.mark.xfail(reason=PAGE_ANSWERS_KNOWN[exercise.id], strict=True)]
+    pytest.param(exercise, id=exercise.id,
+                 marks=[pytest.mark.xfail(reason=PAGE_ANSWERS_KNOWN[exercise.id], strict=True)]
                  if exercise.id in PAGE_ANSWERS_KNOWN else []) for exercise in PREDICTIONS])
 def test_nothing_on_the_whole_page_gives_the_answer(exercise):
     path = _home(exercise.id)

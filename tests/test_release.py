@@ -37,7 +37,8 @@ def named_refs(root: Path) -> dict[str, str]:
     """Notebook (relative path) -> the ref its Colab cell installs labkit at, for every committed notebook."""
     refs = {}
     for path in sorted(root.glob("notebooks/*.ipynb")) + sorted(root.glob("notebooks/solutions/*.ipynb")):
-        first = next(cell for cell in json.loads(path.read_text(encoding="utf-8"))["cells"] if cell["cell_type"] == "code")
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        first = next(cell for cell in cells if cell["cell_type"] == "code")
         refs[str(path.relative_to(root))] = installed_ref("".join(first["source"]))
     return refs
 
@@ -92,7 +93,8 @@ def test_a_release_without_its_tag_is_named_and_the_tag_makes_it_whole(tmp_path)
     assert ref_problems(clone) == ["v9.8.7 points at a commit whose labkit is not version 9.8.7"]
     _git(clone, "tag", "-d", "v9.8.7")
     identity = ["-c", "user.name=release test", "-c", "user.email=release@test.invalid"]
-    assert _git(clone, *identity, "commit", "-q", "-m", "release", "--", "labkit/__init__.py", "notebooks").returncode == 0
+    committed = _git(clone, *identity, "commit", "-q", "-m", "release", "--", "labkit/__init__.py", "notebooks")
+    assert committed.returncode == 0, committed.stderr
     assert _git(clone, "tag", "v9.8.7").returncode == 0
     assert ref_problems(clone) == []
     with pytest.raises(ValueError, match="three numbers"):

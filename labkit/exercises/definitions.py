@@ -5,10 +5,10 @@ grader read): a :class:`CodeExercise` is the function name the learner defines, 
 with, hand-computed cases (boundaries included), a generator of random cases, tolerances, the labkit helpers the
 learner may call, and the mistakes learners really make, each with the hint that points at it; a
 :class:`Prediction` is the learner's guess, asked before the notebook computes the answer (:func:`prediction`, and
-:func:`choice_prediction` for a multiple-choice one): its answer, closeness rule, reveal and giveaways. A :class:`Verdict` is what a check says: passed, failed, not
-attempted or error. Calling the learner's function is ``labkit.exercises.calling``'s; comparing an answer with
-labkit's is ``labkit.exercises.comparing``'s; drawing the cases and judging the answers is
-``labkit.exercises.checking``'s.
+:func:`choice_prediction` for a multiple-choice one): its answer, closeness rule, reveal and giveaways. A
+:class:`Verdict` is what a check says: passed, failed, not attempted or error. Calling the learner's function is
+``labkit.exercises.calling``'s; comparing an answer with labkit's is ``labkit.exercises.comparing``'s; drawing the
+cases and judging the answers is ``labkit.exercises.checking``'s.
 
 Layer 4 (exercises): imports the core, never widgets.
 """

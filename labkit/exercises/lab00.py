@@ -248,5 +248,6 @@ PREDICT_TOKENIZER = register(choice_prediction(
     means what the next id meant), as a mismatched tokenizer of the same size would, and ask the model the shifted
     chat prompt. Keep the tokenizer, its special-token rules and the chat template with the weights they were
     trained with.""",
-    giveaways=("shifted by one entry", "means what the next id meant", "1781", "read nonsense", "answered nonsense",
-               "which piece of text the id stood for", "what text an id stood for")))
+    giveaways=("fit every shape", "fits every shape", "shifted by one entry", "means what the next id meant", "1781",
+               "read nonsense", "answered nonsense", "which piece of text the id stood for",
+               "what text an id stood for")))

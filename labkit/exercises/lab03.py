@@ -60,8 +60,8 @@ PREDICT_ROUND_TRIP = register(prediction(
 
     The other direction is exact: every finite FP16 value widens to FP32 and narrows back unchanged. The next cells
     count the weights, try every FP16 value, and show what rounding to FP16 does to a few familiar numbers.""",
-    giveaways=("only what FP16 kept", "nothing to put in them", "return bit for bit", "400 copied", "400 of",
-               "happen to be all zero")))
+    giveaways=("already on FP16's grid", "on FP16's grid already", "only what FP16 kept", "nothing to put in them",
+               "return bit for bit", "400 copied", "400 of", "happen to be all zero")))
 
 
 # --------------------------------------------------------------------------------------------------------------

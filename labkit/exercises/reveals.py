@@ -15,7 +15,8 @@ Run All goes on to the end. For a lab's ungraded explorer tasks, ``reveal(explor
 is still ``...``.
 
 What it leaves out: a prediction asked in prose only ("Predict before you run the next cell") has no answer to wait
-for; its cell is a reveal (committed empty) without this guard.
+for; its cell is a reveal (committed empty) without this guard, unless its output would name a registered
+prediction's answer, when it waits for that one.
 
 Layer 4 (exercises).
 """
@@ -60,13 +61,15 @@ def answered(question: str | dict) -> bool:
 def waiting_message(question: str | dict) -> str:
     """The line a reveal cell prints instead of its answer.
 
-    >>> waiting_message("06.predict_forward_calls")
-    'answer 06.predict_forward_calls first: write your prediction above and run check("06.predict_forward_calls"); then run this cell again'
+    >>> print(waiting_message("06.predict_forward_calls"))  # doctest: +NORMALIZE_WHITESPACE
+    answer 06.predict_forward_calls first: write your prediction above and run check("06.predict_forward_calls");
+    then run this cell again
     """
     if isinstance(question, str):
         return (f'answer {question} first: write your prediction above and run check("{question}"); '
                 "then run this cell again")
-    return "answer the tasks above first: replace each ... in explorer_answers and run that cell; then run this cell again"
+    return ("answer the tasks above first: replace each ... in explorer_answers and run that cell; "
+            "then run this cell again")
 
 
 class _Discarded:
@@ -101,9 +104,10 @@ def reveal(question: str | dict):
 
     Yields whether the answer is shown. An error in the body is raised either way (it is labkit's to fix).
 
-    >>> with reveal({1: ...}):
+    >>> with reveal({1: ...}):  # doctest: +NORMALIZE_WHITESPACE
     ...     print("the answer is 4")
-    answer the tasks above first: replace each ... in explorer_answers and run that cell; then run this cell again
+    answer the tasks above first: replace each ... in explorer_answers and run that cell;
+    then run this cell again
     >>> with reveal({1: 5}):
     ...     print("the answer is 4")
     the answer is 4
