@@ -126,3 +126,15 @@ def test_labkit_installs_from_a_clone_at_the_named_ref(tmp_path):
     assert shown.returncode == 0, shown.stderr[-2000:]
     version, where, n_labs = shown.stdout.split()
     assert version == labkit.__version__ and Path(where).is_relative_to(venv) and int(n_labs) == 8
+
+
+def test_the_notebooks_a_learner_opens_are_the_tagged_ones():
+    """Colab opens a notebook from the branch and installs labkit at the tag: a notebook changed since the tag (a new
+    import, a new guard) would run against the older labkit. A change to the notebooks is released with them."""
+    import labkit
+
+    ref = f"v{labkit.__version__}"
+    changed = [name for name in named_refs(ROOT)
+               if _git(ROOT, "show", f"{ref}:{name}").stdout != (ROOT / name).read_text(encoding="utf-8")]
+    assert not changed, (f"changed since {ref}: {changed}; release them: make release VERSION=<the next version> "
+                         "(README, Making a release)")
