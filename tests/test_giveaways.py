@@ -241,10 +241,7 @@ def giveaways_on_the_page(notebook: dict, exercise) -> list[str]:
 
 
 # Predictions the whole page still answers (issue #48): each names where; strict, so a fix must remove it here.
-PAGE_ANSWERS_KNOWN: dict[str, str] = {
-    "06.predict_forward_calls": "lab 06 cell 14 defines ITL and E2E with n - 1 gaps (the lesson's definitions), cell "
-                                "94 'the first new token', the recap's n - 1 decode calls",
-}
+PAGE_ANSWERS_KNOWN: dict[str, str] = {}  # none left
 
 
 @pytest.mark.parametrize("exercise", [

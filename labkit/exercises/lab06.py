@@ -59,8 +59,9 @@ PREDICT_CALLS = register(prediction(
     reveal="""The prefill's logits at the last prompt position already choose the first new token. Each decode call
     feeds the newest token, and its logits choose the one after it: for n tokens, n - 1 decode calls (7 for eight),
     and none at all for one token. The last token is chosen but never fed back. The next cell counts the calls.""",
-    giveaways=("n - 1", "n − 1", "n-1", "7 decode", "seven decode", "decode: 7", "first new token",
-               "never fed back")))
+    # "first new token" alone also names what a chunk's mask shows (section 7): the sentence that answers is the choice
+    giveaways=("n - 1", "n − 1", "n-1", "7 decode", "seven decode", "decode: 7", "choose the first new token",
+               "needs no decode call", "never fed back")))
 
 # ----- 06.greedy_loop: the KV-cached greedy loop, by hand -----
 
