@@ -29,12 +29,31 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
+# Lab 00 answered honestly, cell by cell (the grader's tests build their submissions from these).
+SOFTMAX = ("import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
+           "    if temperature == 0:\n"
+           "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
+           "    return torch.softmax(logits / temperature, dim=-1)\n")
+SAMPLE = ("def sample_token(probs, uniform):\n    cumulative = probs.double().cumsum(0)\n"
+          "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
+PREDICTION = "def tokenizer_choice():\n    return 'b'\n"
 NATURAL = {  # name -> (exercise, the learner's function): first attempts an honest learner writes
     "argmax_sample": ("00.sample_token", "def sample_token(probs, uniform):\n    return int(probs.argmax())\n"),
     "softmax_divides_by_zero": ("00.softmax_temperature", "import torch\n\n\ndef softmax_with_temperature(logits, "
                                 "temperature):\n    return torch.softmax(logits / temperature, dim=-1)\n"),
     "softmax_multiplies": ("00.softmax_temperature", "import torch\n\n\ndef softmax_with_temperature(logits, "
                            "temperature):\n    return torch.softmax(logits * temperature, dim=-1)\n"),
+    # Honest and slow (issue #52): each is told only that it gave no answer in time, and nothing is reviewed.
+    "sample_never_advances": ("00.sample_token", "def sample_token(probs, uniform):\n    cumulative, index = 0.0, 0\n"
+                              "    while True:\n        cumulative += float(probs[index])\n"
+                              "        if cumulative > uniform:\n            return index\n"),
+    "softmax_sleeps": ("00.softmax_temperature", "import time\nimport torch\n\n\ndef softmax_with_temperature("
+                       "logits, temperature):\n    time.sleep(8)  # waiting for a plot to refresh\n"
+                       "    return torch.softmax(logits / temperature, dim=-1)\n"),
+    "softmax_reads_an_empty_pipe": ("00.softmax_temperature", "import os\nimport torch\n\nread_end, write_end = "
+                                    "os.pipe()\n\n\ndef softmax_with_temperature(logits, temperature):\n"
+                                    "    os.read(read_end, 1)  # a message that never comes\n"
+                                    "    return torch.softmax(logits / temperature, dim=-1)\n"),
 }
 
 

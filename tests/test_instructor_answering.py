@@ -6,15 +6,7 @@ wall itself (limits, the host's files, killed workers) is tests/test_instructor_
 import pytest
 
 from answering_harness import answer
-
-SOFTMAX = ("import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
-           "    if temperature == 0:\n"
-           "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
-           "    return torch.softmax(logits / temperature, dim=-1)\n")
-SAMPLE = ("def sample_token(probs, uniform):\n    cumulative = probs.double().cumsum(0)\n"
-          "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
-PREDICTION = "def tokenizer_choice():\n    return 'b'\n"
-REFERENCE = "calls labkit's own `labkit.core.sampling.softmax_with_temperature`"
+from honest_corpus import PREDICTION, SAMPLE, SOFTMAX
 
 
 def _slow(before: str) -> str:

@@ -23,6 +23,7 @@ import nbformat
 import pytest
 
 from grading_standins import standin_grader, standin_notebook
+from honest_corpus import SAMPLE, SOFTMAX
 from labkit.instructor.cluster import classroom, workers
 from labkit.instructor.grader.results import ResultStore, content_hash, result_key
 from labkit.instructor.grader.settings import GradingSettings
@@ -216,14 +217,6 @@ def test_a_plain_tcp_scheduler_off_loopback_needs_tls_or_words():
     assert workers.check_scheduler("tcp://127.0.0.1:8786") == "tcp"
     with pytest.raises(ValueError, match="tcp:// or tls://"):
         workers.check_scheduler("inproc://x")
-
-
-SOFTMAX = ("import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
-           "    if temperature == 0:\n"
-           "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
-           "    return torch.softmax(logits / temperature, dim=-1)\n")
-SAMPLE = ("def sample_token(probs, uniform):\n    cumulative = probs.double().cumsum(0)\n"
-          "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import pytest
 
 import labkit
 import labkit.exercises.checking
+from honest_corpus import PREDICTION, SAMPLE, SOFTMAX
 from labkit.instructor.cluster import classroom
 from labkit.instructor.grader import grading
 from labkit.instructor.grader.settings import GradingSettings
@@ -45,15 +46,6 @@ def require_sandbox() -> None:
         pytest.fail(f"the attack suite needs the sandbox and {problem}; install bubblewrap (make setup does, as "
                     "root), or set LABKIT_SKIP_SANDBOX_TESTS to the reason this machine cannot run it")
 
-SOFTMAX = (
-    "import torch\n\ndef softmax_with_temperature(logits, temperature):\n"
-    "    if temperature == 0:\n"
-    "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
-    "    return torch.softmax(logits / temperature, dim=-1)\n")
-SAMPLE = ("def sample_token(probs, uniform):\n"
-          "    cumulative = probs.double().cumsum(0)\n"
-          "    return int((cumulative <= uniform * cumulative[-1]).sum())\n")
-PREDICTION = "def tokenizer_choice():\n    return 'b'\n"
 HONEST = (SOFTMAX, SAMPLE, PREDICTION)
 FULL = 5  # lab 00's points
 # Right on short rows, wrong on long ones: an honest mistake that only a random case finds.

@@ -77,6 +77,9 @@ def test_honest_attempts_earn_what_the_check_gives_and_nobody_is_accused(course)
         assert report.review == () and course["rows"][name]["review"] == "", (name, report.review)
     assert [result.status for result in others["learner-copy-00"].exercises] == ["not attempted"] * 3
     assert course["rows"]["natural-argmax_sample"]["total"] == "3"  # 5 but sample_token's 2
+    for name in ("natural-sample_never_advances", "natural-softmax_sleeps", "natural-softmax_reads_an_empty_pipe"):
+        told = " ".join(line for result in others[name].exercises for line in result.details)
+        assert "no answer within" in told and others[name].score == 3, (name, told)  # only its time ran out
 
 
 @pytest.mark.parametrize("exercise, index, wrong", list(honest_corpus.mistakes(IN_SUITE_MISTAKES)),
@@ -87,7 +90,7 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     namespace: dict = {}
     exec(compile(honest_corpus.mistake_source(exercise, wrong), "<learner cell>", "exec"), namespace)  # noqa: S102
     _, plan, drawn = judging.plan(exercise.lab, seed=41 + index)
-    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item.id == exercise.id]})
+    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
     assert (result.status, result.points) == ("failed", 0), result
     assert not any(word in " ".join(result.details) for word in ACCUSATIONS), result.details

@@ -1,2 +1,3 @@
-"""Layer 5, instructor tools: building learner notebooks (``authoring``), grading submissions (``grading``,
-with kernels under ``kernel_limits``) and the ``labkit`` command (``cli``)."""
+"""Layer 5, instructor tools, split by trust boundary: building learner notebooks (``authoring``); the grader
+outside the wall, trusted (``grader``); the wall and what runs inside it (``wall``); a class on Dask
+(``cluster``); the ``labkit`` command (``cli``)."""
