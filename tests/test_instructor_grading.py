@@ -15,15 +15,13 @@ import torch
 import pytest
 
 import labkit.exercises
-
+from labkit.exercises import exercises
+from labkit.exercises.definitions import Case, Exercise
 from labkit.instructor.cluster import classroom
-
 from labkit.instructor.grader import gradebook, grading, judging
 from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport, format_report, printable
 from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall import answering, worker
-from labkit.exercises.definitions import Case, Exercise
-from labkit.exercises import exercises
 from labkit.instructor.wall.kernel_limits import Confinement, Limits
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,11 +17,11 @@ import nbformat
 import pytest
 
 import honest_corpus
-from labkit.instructor.cluster import classroom
-from labkit.instructor.grader.settings import GradingSettings
-from labkit.instructor.grader import judging
-from labkit.instructor.wall import answering
 from labkit.instructor.authoring import GRADER_SKIPS_TAG
+from labkit.instructor.cluster import classroom
+from labkit.instructor.grader import judging
+from labkit.instructor.grader.settings import GradingSettings
+from labkit.instructor.wall import answering
 from labkit.instructor.wall.kernel_limits import Limits
 from test_instructor_grading_attacks import SKIP_REASON, require_sandbox
 

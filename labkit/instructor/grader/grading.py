@@ -33,8 +33,8 @@ from typing import Any
 from labkit.instructor.grader.judging import JUDGE, judge, plan, submission_seed
 from labkit.instructor.grader.reports import CellError, SubmissionReport, printable
 from labkit.instructor.grader.settings import GradingSettings
-from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES
 from labkit.instructor.wall import protocol
+from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES
 from labkit.instructor.wall.protocol import RunResult
 
 KERNEL_LOG_LINES = 20

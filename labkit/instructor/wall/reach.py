@@ -110,9 +110,8 @@ def _filled(cell: Any) -> bool:
 def forbidden_codes(exercise: Any) -> Reached:
     """The labkit code ``exercise``'s learner may not reach: what its reference and forbidden list reach, less
     what its allowed helpers and the labkit objects a case hands the learner reach."""
-    from labkit.instructor.wall.wire import case_classes
-
     from labkit.exercises.definitions import dotted_name
+    from labkit.instructor.wall.wire import case_classes
 
     banned = reached([exercise.reference, *exercise.forbidden])
     for item in exercise.forbidden:  # torch's ready-made equivalents written in Python (in C: the tripwire's)
