@@ -119,3 +119,11 @@ def test_a_hint_sharing_the_reveals_words_is_found(hint, reveal_text, shared):
 def test_a_malformed_answers_hint_says_the_form_not_the_reasoning_of_the_reveal(exercise):
     hint = " ".join(exercise.hints)
     assert not shared_runs(hint, exercise.reveal), (exercise.id, shared_runs(hint, exercise.reveal))
+
+
+def test_an_unreadable_progress_file_counts_as_unanswered(monkeypatch):
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(progress, "load", refused)
+    assert answered("06.predict_forward_calls") is False
