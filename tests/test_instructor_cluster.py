@@ -1,4 +1,4 @@
-"""labkit.instructor.workers.workers: a class graded through a real Dask scheduler and worker processes on loopback (#34),
+"""labkit.instructor.cluster.workers: a class graded through a real Dask scheduler and worker processes on loopback (#34),
 and through a real single-node SLURM as the README says (#43; its mechanics in tests/test_instructor_slurm.py).
 
 The test starts ``dask scheduler`` and two ``dask worker`` processes (each with its nanny) and stops them by their

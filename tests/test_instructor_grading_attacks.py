@@ -476,7 +476,7 @@ def test_nothing_of_the_host_is_inside_the_wall(graded):
     reports = graded["reports"]
     seen = _errors(reports["host_secrets"])[0]
     for secret in (ENV_SECRET, ENV_TOKEN, "LABKIT_GRADING_SECRET", "INSTRUCTOR_TOKEN", "HOME=/root"):
-        assert secret not in seen and secret not in json.dumps(reports["host_secrets"]), secret
+        assert secret not in seen and secret not in json.dumps(reports["host_secrets"].to_json()), secret
     first, own, shadow, uid_map = eval(seen.split(": ", 1)[1])  # noqa: S307 - the repr of a list of strings
     assert first == ["LANG", "PATH"]  # bubblewrap's own environment: bare
     assert "LABKIT_GRADING_SECRET" not in own and "INSTRUCTOR_TOKEN" not in own and "HOME" in own
@@ -516,8 +516,7 @@ def test_limits_hold_for_the_whole_submission(graded):
     assert 0 < written <= 2 * 64
     slow = {error.cell: error.error for error in reports["slow_cells"].cell_errors}
     assert 6 in slow and all("time budget of 30 s" in error for error in slow.values()), slow  # the last: not run
-    assert all(report.limits["isolation"].startswith("bubblewrap") for report in reports.values()
-               if "limits" in report)
+    assert all(report.limits["isolation"].startswith("bubblewrap") for report in reports.values() if report.limits)
 
 
 def test_a_regrade_gives_the_same_grades(graded):

@@ -1,4 +1,4 @@
-"""labkit.instructor.workers.jobqueue: a class graded on a real single-node SLURM (#43), as the README says to.
+"""labkit.instructor.cluster.jobqueue: a class graded on a real single-node SLURM (#43), as the README says to.
 
 The module's fixture brings up munged, slurmctld and slurmd in a temporary folder (tests/slurm_cluster.py) and
 reads the README's configuration file, docs/slurm/jobqueue.yaml, changing only its two lines marked "your site"
@@ -220,7 +220,7 @@ def test_the_job_script_has_one_single_threaded_worker_without_memory_limit_and_
 
 @needs_jobqueue
 def test_importing_dask_jobqueue_leaves_ctrl_c_as_it_was():
-    probe = ("import signal\nfrom labkit.instructor.workers.jobqueue import import_cluster_class\n"
+    probe = ("import signal\nfrom labkit.instructor.cluster.jobqueue import import_cluster_class\n"
              "before = signal.getsignal(signal.SIGINT)\nimport_cluster_class('slurm')\n"
              "import dask_jobqueue.runner\nprint(signal.getsignal(signal.SIGINT) is before, "
              "signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n")

@@ -164,7 +164,8 @@ def install(fd: int, lab: str) -> None:
         raise PermissionError(f"labkit grade: a graded notebook may not do this: {what}")
 
     def past_its_limit() -> bool:
-        """Whether the learner's function now answering has run past its time limit, by the hook's own clock."""
+        """Whether the learner's function now answering has run past its time limit, from when its time limit
+        started (the hook's clock, not the learner's: read before the learner's code ran)."""
         call = state["call"]
         return call is not None and monotonic() - call[0] >= call[1]
 
@@ -207,9 +208,9 @@ def install(fd: int, lab: str) -> None:
         culprit = frame if not is_library(code.co_filename) else None
         if event in _TRACE_EVENTS:
             if one_of(code, setters):  # the checker switching its tripwire: on as a function starts, off as it ends
-                if state["step"]:
+                if state["step"]:  # the deadline is the checker's own, made before the learner's code runs
                     watch = frame.f_locals.get("deadline")
-                    state["call"] = None if state["call"] else (monotonic(), float(watch.limit_s))
+                    state["call"] = None if state["call"] else (float(watch._started), float(watch.limit_s))
                 return
             if one_of(code, deadline_code):
                 return  # the time limit arming or ending its own trace
