@@ -12,4 +12,4 @@ The layers of docs/DESIGN.md are folders, and imports point down only (a test re
 Import what a lab needs from its module, e.g. ``from labkit.runtime.models import load_model``.
 """
 
-__version__ = "0.3.1"
+__version__ = "0.3.2"
