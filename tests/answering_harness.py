@@ -5,8 +5,8 @@ A child Python runs an IPython shell as the grader's kernel does: the worker's f
 cell, which raises the answering event. This process plays the worker and the grader with the protocol's own ends
 (:mod:`labkit.instructor.wall.protocol`): the worker's relay hands over the key, waits for the signed "go" and passes
 the case inputs the grader drew (:func:`labkit.instructor.grader.judging.plan`) to the kernel; its signed answers
-are judged by :func:`labkit.instructor.grader.judging.judge` as ``labkit grade`` does. What the
-hook refused comes back as the review's findings. One child per submission: an audit hook cannot be removed.
+are judged by :func:`labkit.instructor.grader.judging.judge` as ``labkit grade`` does, and the review is the
+static read plus what the hook refused. One child per submission: an audit hook cannot be removed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Answered:
     """What the grader made of one submission answered through the real step."""
 
     results: dict[str, ExerciseResult]  # exercise id -> judge()'s result
-    review: list[Finding]  # the hook's refusals as review findings
+    review: list[Finding]  # the review, as grading makes it: the static read and what the hook refused
     output: str = ""  # what the child printed (its cells' output), for a failing test's message
     problem: str | None = None
     refused: list[dict[str, Any]] = field(default_factory=list)
@@ -93,4 +93,5 @@ def answer(cells: list[str], lab: str = "00", seed: int = 3, timeout_s: float = 
     results = {exercise.id: judging.judge(exercise, drawn.get(exercise.id), run.answers, problem)
                for exercise in chosen}
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    return Answered(results, review.refusals(notebook, run.refused), output, problem, run.refused)
+    findings = review.review_notebook(notebook, lab) + review.refusals(notebook, run.refused)
+    return Answered(results, findings, output, problem, run.refused)

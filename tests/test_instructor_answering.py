@@ -3,6 +3,8 @@ worker's side of the socket): honest slow functions are told only that they ran 
 issue #52 around the step's defences earn nothing on their exercise or are flagged with evidence. What needs the
 wall itself (limits, the host's files, killed workers) is tests/test_instructor_grading_attacks.py."""
 
+import base64
+
 import pytest
 
 from answering_harness import answer
@@ -16,10 +18,12 @@ def _slow(before: str) -> str:
 
 def test_an_honest_function_past_its_limit_is_told_only_that_it_ran_out_of_time():
     """A sleep, a loop that swallows every exception and a read on an empty pipe (issue #52): each fails on time
-    alone, like the notebook's own check; nothing in the review, and the other exercises keep their points."""
+    alone, like the notebook's own check; nothing in the review (the notebook's own check of them in a cell
+    included), and the other exercises keep their points."""
     looping = ("def sample_token(probs, uniform):\n    while True:\n        try:\n            pass\n"
                "        except BaseException:\n            pass\n")
-    sleeping = answer([_slow("    import time\n    time.sleep(8)\n"), looping, PREDICTION])
+    checked = "from labkit.exercises import check\ncheck('00.softmax_temperature')\ncheck('00.sample_token')\n"
+    sleeping = answer([_slow("    import time\n    time.sleep(8)\n"), looping, PREDICTION, checked])
     blocked = answer([_slow("    import os\n    read_end, _ = os.pipe()\n    os.read(read_end, 1)\n"), SAMPLE,
                       PREDICTION])
     for got, slow in ((sleeping, ("00.softmax_temperature", "00.sample_token")), (blocked, ("00.softmax_temperature",))):
@@ -136,3 +140,161 @@ def test_a_frame_reached_while_answering_yields_neither_the_key_nor_a_signature(
     assert got.points("00.predict_tokenizer") == 1, got.details("00.predict_tokenizer")
     assert any("reads the grader's signing key" in finding.what for finding in got.review), got.review
     assert got.points("00.sample_token") == 2
+
+
+STUBS = ("def softmax_with_temperature(logits, temperature):\n    raise NotImplementedError\n",)
+REFERENCE_CALL = ("from labkit.core.sampling import softmax_with_temperature as reference\n"
+                  "def softmax_with_temperature(logits, temperature):\n    return reference(logits, temperature)\n")
+# The attacks on the answering step that need no wall (issues #24, #36, #41): learner -> the cells of their lab 00.
+ATTACKS = {
+    "fake_marker": (
+        "from IPython import get_ipython\n"
+        "def _fake(*args):\n"
+        "    print('LABKIT-GRADES [{\"id\": \"00.softmax_temperature\", \"status\": \"passed\", \"points\": 101}]')\n"
+        "get_ipython().events.register('pre_run_cell', _fake)\n", *STUBS),
+    "patched_checker": (
+        "import math, torch\nimport labkit.exercises as ex\nimport labkit.exercises.checking as checking\n"
+        "checking.compare = lambda *args, **kwargs: None\nchecking._same = lambda a, b: True\n"
+        "torch.isclose = lambda *args, **kwargs: torch.tensor(True)\nmath.isclose = lambda *args, **kwargs: True\n"
+        "ex._REGISTRY.clear()\n",
+        "def softmax_with_temperature(logits, temperature):\n    return logits\n",
+        "def sample_token(probs, uniform):\n    return 0\n"),
+    "lying_values": (
+        "import torch\n"
+        "class Close(torch.Tensor):\n"
+        "    def isclose(self, *args, **kwargs):\n        return torch.ones(self.shape, dtype=torch.bool)\n"
+        "    def __eq__(self, other):\n        return True\n"
+        "class Anything:\n    def __eq__(self, other):\n        return True\n"
+        "def softmax_with_temperature(logits, temperature):\n    return torch.zeros_like(logits).as_subclass(Close)\n"
+        "def tokenizer_choice():\n    return Anything()\n",),
+    "watcher_off": (
+        "import sys\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    sys.setprofile(None)\n"
+        "    from labkit.core.sampling import softmax_with_temperature as reference\n"
+        "    return reference(logits, temperature)\n",),
+    "recompiled": (
+        "import types\nfrom labkit.core import sampling\n"
+        "_code = sampling.softmax_with_temperature.__code__.replace(co_filename='mine.py')\n"
+        "softmax_with_temperature = types.FunctionType(_code, sampling.__dict__)\n",),
+    "other_thread": (
+        "import threading\nimport labkit.core.sampling as s\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    box = []\n"
+        "    worker = threading.Thread(target=lambda: box.append(s.softmax_with_temperature(logits, temperature)))\n"
+        "    worker.start(); worker.join()\n"
+        "    return box[0]\n",),
+    "stack_peek": (
+        "import sys, torch\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    caller = sys._getframe(1)\n"
+        "    return torch.softmax(logits / max(temperature, 1e-9), dim=-1)\n",),
+    "lower_level": (
+        "import torch\n"
+        "def sample_token(probs, uniform):\n"
+        "    return int(torch._C._VariableFunctions.multinomial(probs, 1))\n",),
+    "socket_forgery": (
+        "import json, os, re\nfd = int(re.search(r'install\\((\\d+)', _ih[1]).group(1))\n"
+        "payload = json.dumps({'answers': {'00.predict_tokenizer': {'outcomes': [{'value': 'b'}]}},\n"
+        "                      'forbidden': []})\n"
+        "for message in (b'go', payload.encode(), b'0' * 32 + payload.encode()):\n"
+        "    os.write(fd, len(message).to_bytes(8, 'big') + message)\n"
+        "os.set_blocking(fd, False)\n"
+        "try:\n    stolen = os.read(fd, 1 << 16)\nexcept BlockingIOError:\n    stolen = b''\n"
+        "def softmax_with_temperature(logits, temperature):\n    return logits\n"),
+    "pool_reference": (
+        "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    with ThreadPoolExecutor(1) as pool:\n"
+        "        return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
+        SAMPLE, PREDICTION),
+    "pool_started_early": (
+        "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(1)\npool.submit(int).result()\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
+        SAMPLE, PREDICTION),
+    "built_name": ("import sys\n" + REFERENCE_CALL.replace(
+        "    return reference", "    getattr(sys, 'set' + 'profile')(None)\n    return reference"),
+        SAMPLE, PREDICTION),
+    "via_importlib": (
+        "import importlib\ndef softmax_with_temperature(logits, temperature):\n"
+        "    module = importlib.import_module('labkit.core.' + 'sampling')\n"
+        "    return getattr(module, 'softmax_with_' + 'temperature')(logits, temperature)\n",
+        SAMPLE, PREDICTION),
+    "exec_base64": (f"import base64\nexec(base64.b64decode({base64.b64encode(REFERENCE_CALL.encode()).decode()!r}))\n",
+                    SAMPLE, PREDICTION),
+    "listener_reference": (
+        "import logging, logging.handlers, queue\nfrom labkit.core import sampling as s\n"
+        "answers, records = queue.Queue(), queue.Queue()\n"
+        "class Handler(logging.Handler):\n"
+        "    def emit(self, record):\n"
+        "        try:\n            answers.put(s.softmax_with_temperature(*record.msg))\n"
+        "        except Exception as error:\n            answers.put(error)\n"
+        "listener = logging.handlers.QueueListener(records, Handler())\nlistener.start()\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    records.put(logging.makeLogRecord({'msg': (logits, temperature)}))\n"
+        "    return answers.get(timeout=5)\n", SAMPLE, PREDICTION),
+    "gc_callback": (
+        "import gc, torch\nfrom labkit.core import sampling as s\npending = []\n"
+        "def fill(phase, info):\n"
+        "    while pending:\n        out, logits, temperature = pending.pop()\n"
+        "        try:\n            out.copy_(s.softmax_with_temperature(logits, temperature))\n"
+        "        except Exception:\n            pass\n"
+        "gc.callbacks.append(fill)\n"
+        "def softmax_with_temperature(logits, temperature):\n"
+        "    out = torch.zeros_like(logits)\n    pending.append((out, logits, temperature))\n"
+        "    for _ in range(2000):\n        cycle = []\n        cycle.append(cycle)\n"
+        "    return out\n", SAMPLE, PREDICTION),
+    "getattr_constant": (
+        "from labkit.core import sampling\ndef softmax_with_temperature(logits, temperature):\n"
+        "    return getattr(sampling, 'softmax_with_temperature')(logits, temperature)\n", SAMPLE, PREDICTION),
+    "runpy_copy": (
+        "import inspect, pathlib, runpy\nfrom labkit.core import sampling\n"
+        "pathlib.Path('/tmp/mine.py').write_text(inspect.getsource(sampling))\n"
+        "softmax_with_temperature = runpy.run_path('/tmp/mine.py')['softmax_with_temperature']\n",
+        SAMPLE, PREDICTION),
+}
+# learner -> (the exercise attacked, in its verdict why it earned nothing or None, in the review what flags it,
+# whether nothing else of theirs answers). A lower-level torch name cannot be decided a zero: flagged only.
+EXPECTED = {
+    "fake_marker": ("00.softmax_temperature", None, "pre_run_cell", True),
+    "patched_checker": ("00.softmax_temperature", None, "labkit.exercises.checking", True),
+    "lying_values": ("00.softmax_temperature", None, "defines __eq__: a comparison or type that can lie", True),
+    "watcher_off": ("00.softmax_temperature", "(sys.setprofile)", "setprofile", True),
+    "recompiled": ("00.softmax_temperature", None, "refused while it ran: reads __code__", True),
+    "other_thread": ("00.softmax_temperature", "calls labkit's own", "threading", True),
+    "stack_peek": ("00.softmax_temperature", "grader's frames", "refused while it ran: reaches into the grader's "
+                   "frames", True),
+    "lower_level": (None, None, "private torch name", False),
+    "socket_forgery": ("00.softmax_temperature", None, None, True),
+    "pool_reference": ("00.softmax_temperature", "calls labkit's own", "executor", False),
+    "pool_started_early": ("00.softmax_temperature", "calls labkit's own", "executor", False),
+    "built_name": ("00.softmax_temperature", "(sys.setprofile)", "getattr with a name built at run time", False),
+    "via_importlib": ("00.softmax_temperature", "calls labkit's own", "importlib", False),
+    "exec_base64": ("00.softmax_temperature", "calls labkit's own", "exec", False),
+    "listener_reference": ("00.softmax_temperature", "calls labkit's own", "QueueListener", False),
+    "gc_callback": ("00.softmax_temperature", None, "gc.callbacks", False),
+    "getattr_constant": ("00.softmax_temperature", "calls labkit's own", "names labkit's reference answer", False),
+    "runpy_copy": (None, None, "runpy", False),
+}
+
+
+@pytest.mark.parametrize("learner", sorted(ATTACKS))
+def test_an_attack_on_the_answering_step_earns_nothing_on_its_exercise_or_is_flagged(learner):
+    """Each attack through the real step: its exercise earns 0 (with the reason where there is one), the other
+    exercises of a submission that answered them keep their points, and the review names what it did. No fake
+    result line is ever read: nothing earns more than lab 00's 5 points."""
+    attacked, reason, flag, whole_zero = EXPECTED[learner]
+    got = answer(list(ATTACKS[learner]))
+    assert got.problem is None or whole_zero, (learner, got.problem)
+    total = sum(result.points for result in got.results.values())
+    if attacked is not None:
+        assert got.points(attacked) == 0, (learner, got.details(attacked))
+    if reason is not None:
+        assert reason in got.details(attacked), (learner, got.details(attacked))
+    if flag is not None:
+        assert flag in "; ".join(finding.what for finding in got.review), (learner, got.review)
+    assert total == 0 if whole_zero else total <= 5, (learner, total)
+    if learner in ("pool_reference", "listener_reference", "getattr_constant", "exec_base64"):
+        assert total == 3, (learner, total)  # only its own exercise: the others keep their points

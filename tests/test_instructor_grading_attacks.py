@@ -1,6 +1,8 @@
 """labkit grade against a class that cheats or breaks things, beside honest learners (issues #24 and #36).
 
-One class folder holds one submission per kind of attack and honest submissions beside them. It is graded once;
+One class folder holds one submission per kind of attack that needs the wall (limits, the host's files, the
+worker, the class run) and honest submissions beside them; the attacks on the answering step itself are proven
+without the wall, against the real step (tests/test_instructor_answering.py). It is graded once;
 two honest submissions (one with an honest mistake a random case finds) are graded again on their own (a
 regrade). Every cheat earns nothing for the attacked exercise (or, where a zero cannot be
 decided, is flagged for review), every honest submission keeps its full grade in the same run, nothing outside a
@@ -11,7 +13,6 @@ Without a working sandbox these tests FAIL (a CI without bubblewrap would otherw
 untested), unless ``LABKIT_SKIP_SANDBOX_TESTS`` is set to the reason, which the skip then shows.
 """
 
-import base64
 import csv
 import hashlib
 import json
@@ -66,56 +67,6 @@ def _attacks(folder: Path, out: Path, marker: Path, port: int) -> dict[str, tupl
     """learner -> the cells of their submission."""
     labkit_root = Path(labkit.__file__).resolve().parent.parent
     return {
-        # The grader trusts the learner's process: a fake result line from a hook, a patched checker.
-        "fake_marker": (
-            "from IPython import get_ipython\n"
-            "def _fake(*args):\n"
-            "    print('LABKIT-GRADES [{\"id\": \"00.softmax_temperature\", \"status\": \"passed\", \"points\": 101}]')\n"
-            "get_ipython().events.register('pre_run_cell', _fake)\n", *STUBS),
-        "patched_checker": (
-            "import math, torch\nimport labkit.exercises as ex\nimport labkit.exercises.checking as checking\n"
-            "checking.compare = lambda *args, **kwargs: None\nchecking._same = lambda a, b: True\n"
-            "torch.isclose = lambda *args, **kwargs: torch.tensor(True)\nmath.isclose = lambda *args, **kwargs: True\n"
-            "ex._REGISTRY.clear()\n",
-            "def softmax_with_temperature(logits, temperature):\n    return logits\n",
-            "def sample_token(probs, uniform):\n    return 0\n"),
-        # Comparisons the learner can reach: a tensor that says it is close to anything, an answer equal to all.
-        "lying_values": (
-            "import torch\n"
-            "class Close(torch.Tensor):\n"
-            "    def isclose(self, *args, **kwargs):\n        return torch.ones(self.shape, dtype=torch.bool)\n"
-            "    def __eq__(self, other):\n        return True\n"
-            "class Anything:\n    def __eq__(self, other):\n        return True\n"
-            "def softmax_with_temperature(logits, temperature):\n    return torch.zeros_like(logits).as_subclass(Close)\n"
-            "def tokenizer_choice():\n    return Anything()\n",),
-        # Reaching the reference another way: watcher switched off, code recompiled, another thread, the stack,
-        # a lower-level torch name.
-        "watcher_off": (
-            "import sys\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    sys.setprofile(None)\n"
-            "    from labkit.core.sampling import softmax_with_temperature as reference\n"
-            "    return reference(logits, temperature)\n",),
-        "recompiled": (
-            "import types\nfrom labkit.core import sampling\n"
-            "_code = sampling.softmax_with_temperature.__code__.replace(co_filename='mine.py')\n"
-            "softmax_with_temperature = types.FunctionType(_code, sampling.__dict__)\n",),
-        "other_thread": (
-            "import threading\nimport labkit.core.sampling as s\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    box = []\n"
-            "    worker = threading.Thread(target=lambda: box.append(s.softmax_with_temperature(logits, temperature)))\n"
-            "    worker.start(); worker.join()\n"
-            "    return box[0]\n",),
-        "stack_peek": (
-            "import sys, torch\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    caller = sys._getframe(1)\n"
-            "    return torch.softmax(logits / max(temperature, 1e-9), dim=-1)\n",),
-        "lower_level": (
-            "import torch\n"
-            "def sample_token(probs, uniform):\n"
-            "    return int(torch._C._VariableFunctions.multinomial(probs, 1))\n",),
         # The solutions and classmates from disk; overwriting a classmate.
         "reads_disk": (
             "import pathlib\nfound = []\n"
@@ -195,14 +146,9 @@ def _attacks(folder: Path, out: Path, marker: Path, port: int) -> dict[str, tupl
     }
 
 
-REFERENCE_CALL = ("from labkit.core.sampling import softmax_with_temperature as reference\n"
-                  "def softmax_with_temperature(logits, temperature):\n    return reference(logits, temperature)\n")
-
-
 def _round_two_attacks() -> dict[str, tuple[str, ...]]:
     """Issue #36: answers forged outside the function, the watcher stepped around, the host read through the wall,
     and submissions that would stop or fill the grader."""
-    hidden = base64.b64encode(REFERENCE_CALL.encode()).decode()
     return {
         # The answering step replaced, blocked or forged.
         "forged_answers": (
@@ -213,38 +159,7 @@ def _round_two_attacks() -> dict[str, tuple[str, ...]]:
             *STUBS),
         "fifo": ("import os, sys\nos.makedirs('/job/out', exist_ok=True)\nos.mkfifo('/job/out/answers.json')\n"
                  "os.mkfifo('/job/out/status.json')\nsys.audit = lambda *args: None\n", *HONEST),
-        "socket_forgery": (
-            "import json, os, re\nfd = int(re.search(r'install\\((\\d+)', _ih[1]).group(1))\n"
-            "payload = json.dumps({'answers': {'00.predict_tokenizer': {'outcomes': [{'value': 'b'}]}},\n"
-            "                      'forbidden': []})\n"
-            "for message in (b'go', payload.encode(), b'0' * 32 + payload.encode()):\n"
-            "    os.write(fd, len(message).to_bytes(8, 'big') + message)\n"
-            "os.set_blocking(fd, False)\n"
-            "try:\n    stolen = os.read(fd, 1 << 16)\nexcept BlockingIOError:\n    stolen = b''\n"
-            "def softmax_with_temperature(logits, temperature):\n    return logits\n"),
         "kill_worker": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", *HONEST),
-        # The reference reached around the watcher.
-        "pool_reference": (
-            "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    with ThreadPoolExecutor(1) as pool:\n"
-            "        return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
-            SAMPLE, PREDICTION),
-        "pool_started_early": (
-            "from labkit.core import sampling as s\nfrom concurrent.futures import ThreadPoolExecutor\n"
-            "pool = ThreadPoolExecutor(1)\npool.submit(int).result()\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    return pool.submit(s.softmax_with_temperature, logits, temperature).result()\n",
-            SAMPLE, PREDICTION),
-        "built_name": ("import sys\n" + REFERENCE_CALL.replace(
-            "    return reference", "    getattr(sys, 'set' + 'profile')(None)\n    return reference"),
-            SAMPLE, PREDICTION),
-        "via_importlib": (
-            "import importlib\ndef softmax_with_temperature(logits, temperature):\n"
-            "    module = importlib.import_module('labkit.core.' + 'sampling')\n"
-            "    return getattr(module, 'softmax_with_' + 'temperature')(logits, temperature)\n",
-            SAMPLE, PREDICTION),
-        "exec_base64": (f"import base64\nexec(base64.b64decode({hidden!r}))\n", SAMPLE, PREDICTION),
         # What the wall lets out: the host's environment, root-only files, the worker's memory and files.
         "host_secrets": (
             "import pathlib\nfound = []\n"
@@ -273,46 +188,6 @@ def _round_two_attacks() -> dict[str, tuple[str, ...]]:
         "deep_tree": ("import os\nstart = os.getcwd()\nfor _ in range(5000):\n    os.mkdir('d')\n    os.chdir('d')\n"
                       "os.chdir(start)\n", *HONEST),
         "slow_cells": (*HONEST, *["import time\ntime.sleep(12)\n"] * 4),
-        **_round_three_attacks(),
-    }
-
-
-def _round_three_attacks() -> dict[str, tuple[str, ...]]:
-    """Issue #41: routes around the last watcher, each now meeting a disarmed reference or the review."""
-    return {
-        # A standard-library thread (its idle frames are all library code) calls the reference for the function.
-        "listener_reference": (
-            "import logging, logging.handlers, queue\nfrom labkit.core import sampling as s\n"
-            "answers, records = queue.Queue(), queue.Queue()\n"
-            "class Handler(logging.Handler):\n"
-            "    def emit(self, record):\n"
-            "        try:\n            answers.put(s.softmax_with_temperature(*record.msg))\n"
-            "        except Exception as error:\n            answers.put(error)\n"
-            "listener = logging.handlers.QueueListener(records, Handler())\nlistener.start()\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    records.put(logging.makeLogRecord({'msg': (logits, temperature)}))\n"
-            "    return answers.get(timeout=5)\n", SAMPLE, PREDICTION),
-        # A gc callback fills the returned tensor from the reference while the answer is read.
-        "gc_callback": (
-            "import gc, torch\nfrom labkit.core import sampling as s\npending = []\n"
-            "def fill(phase, info):\n"
-            "    while pending:\n        out, logits, temperature = pending.pop()\n"
-            "        try:\n            out.copy_(s.softmax_with_temperature(logits, temperature))\n"
-            "        except Exception:\n            pass\n"
-            "gc.callbacks.append(fill)\n"
-            "def softmax_with_temperature(logits, temperature):\n"
-            "    out = torch.zeros_like(logits)\n    pending.append((out, logits, temperature))\n"
-            "    for _ in range(2000):\n        cycle = []\n        cycle.append(cycle)\n"
-            "    return out\n", SAMPLE, PREDICTION),
-        # The reference by a constant name; the reference module's source edited and run as the learner's own.
-        "getattr_constant": (
-            "from labkit.core import sampling\ndef softmax_with_temperature(logits, temperature):\n"
-            "    return getattr(sampling, 'softmax_with_temperature')(logits, temperature)\n", SAMPLE, PREDICTION),
-        "runpy_copy": (
-            "import inspect, pathlib, runpy\nfrom labkit.core import sampling\n"
-            "pathlib.Path('/tmp/mine.py').write_text(inspect.getsource(sampling))\n"
-            "softmax_with_temperature = runpy.run_path('/tmp/mine.py')['softmax_with_temperature']\n",
-            SAMPLE, PREDICTION),
     }
 
 
@@ -400,22 +275,16 @@ def _errors(report) -> list[str]:
 HONEST_BESIDE_ATTACKS = ("alice", "carol", "outlives_run", "network", "forks", "memory", "flood",
                          "ignores_interrupt", "rewrites_itself", "host_secrets", "reads_worker", "big_cell",
                          "disk_fill", "deep_tree", "slow_cells")
-CHEATS = {  # learner -> the exercise attacked (0 points for it)
-    **dict.fromkeys(["fake_marker", "patched_checker", "lying_values", "watcher_off", "recompiled", "other_thread",
-                     "stack_peek", "forged_answers", "socket_forgery", "pool_reference", "pool_started_early",
-                     "built_name", "via_importlib", "exec_base64", "listener_reference", "gc_callback",
-                     "getattr_constant"], "00.softmax_temperature"),
-    "lower_level": "00.sample_token", "course_scope": "01.top_k_filter", "cross_entropy_module": "02.cross_entropy"}
+CHEATS = {  # learner -> the exercise attacked (0 points for it); the attacks that need no wall are
+    # tests/test_instructor_answering.py's, against the real answering step in a process of its own
+    "forged_answers": "00.softmax_temperature", "course_scope": "01.top_k_filter",
+    "cross_entropy_module": "02.cross_entropy"}
 # Why the attacked exercise earns nothing, in its verdict: the reference (or torch's forbidden loss) was disarmed
-# while it answered, whatever held it; or the audit hook refused the line (an error where the learner's code did it).
-REFERENCE = "calls labkit's own `labkit.core.sampling.softmax_with_temperature`"
-REASONS = {**dict.fromkeys(["other_thread", "pool_reference", "pool_started_early", "via_importlib", "exec_base64",
-                            "listener_reference", "getattr_constant", "course_scope"], "calls labkit's own"),
-           "cross_entropy_module": "calls the ready-made `torch.nn.functional.cross_entropy`",
-           "watcher_off": "(sys.setprofile)", "built_name": "(sys.setprofile)", "stack_peek": "grader's frames"}
-WHOLE_ZERO = ("fake_marker", "patched_checker", "lying_values", "reads_disk", "kills_all", "edits_labkit",
-              "forged_answers", "fifo", "socket_forgery", "kill_worker", "watcher_off", "recompiled", "other_thread",
-              "stack_peek")  # nothing else of theirs answers, or the grader's step was stopped or killed
+# while it answered, whatever held it.
+REASONS = {"course_scope": "calls labkit's own",
+           "cross_entropy_module": "calls the ready-made `torch.nn.functional.cross_entropy`"}
+WHOLE_ZERO = ("reads_disk", "kills_all", "edits_labkit", "forged_answers", "fifo",
+              "kill_worker")  # nothing else of theirs answers, or the grader's step was stopped or killed
 
 
 def test_honest_learners_keep_their_grades_beside_every_attack(graded):
@@ -437,15 +306,11 @@ def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
     for learner in WHOLE_ZERO:
         assert rows[learner]["total"] == "0", (learner, rows[learner])
     for learner, exercise in CHEATS.items():
-        if learner != "lower_level":  # a lower-level torch name: flagged below, a zero cannot be decided
-            assert rows[learner][exercise] == "0", (learner, rows[learner])
+        assert rows[learner][exercise] == "0", (learner, rows[learner])
     for learner, needle in REASONS.items():
         details = " ".join(line for result in reports[learner].exercises if result.id == CHEATS[learner]
                            for line in result.details)
         assert needle in details, (learner, details)
-    # Only its own exercise: the other exercises of a submission that reached a disarmed reference keep their points.
-    for learner in ("pool_reference", "listener_reference", "getattr_constant", "exec_base64"):
-        assert rows[learner]["total"] == "3", (learner, rows[learner])
     # The answering step blocked: every exercise fails and says why.
     for learner in ("fifo", "forged_answers"):
         for result in reports[learner].exercises:
@@ -455,20 +320,12 @@ def test_a_cheat_earns_nothing_or_is_flagged_for_review(graded):
     assert "could not be graded" in reports["kill_worker"].exercises[0].details[0]
     flagged = {learner: "; ".join(finding.what for finding in report.review)
                for learner, report in reports.items()}  # the report's every finding (the row shows the first few)
-    expected = {"fake_marker": "pre_run_cell", "patched_checker": "labkit.exercises.checking",
-                "lying_values": "defines __eq__: a comparison or type that can lie", "watcher_off": "setprofile",
-                "recompiled": "refused while it ran: reads __code__", "other_thread": "threading",
-                "stack_peek": "refused while it ran: reaches into the grader's frames",
-                "lower_level": "private torch name", "reads_disk": "solution notebooks",
-                "edits_labkit": "labkit.exercises.checking", "pool_reference": "executor",
-                "pool_started_early": "executor", "built_name": "getattr with a name built at run time",
-                "via_importlib": "importlib", "exec_base64": "exec", "course_scope": "labkit's reference answer",
-                "big_cell": "not reviewed", "forged_answers": "grader's folder", "listener_reference": "QueueListener",
-                "gc_callback": "gc.callbacks", "getattr_constant": "names labkit's reference answer",
-                "runpy_copy": "runpy", "nll_loss_module": "NLLLoss", "cross_entropy_module": "CrossEntropyLoss"}
+    expected = {"reads_disk": "solution notebooks", "edits_labkit": "labkit.exercises.checking",
+                "course_scope": "labkit's reference answer", "big_cell": "not reviewed",
+                "forged_answers": "grader's folder", "nll_loss_module": "NLLLoss",
+                "cross_entropy_module": "CrossEntropyLoss"}
     for learner, needle in expected.items():
         assert needle in flagged[learner], (learner, flagged[learner])
-    # The fake result line was never read as a result: nothing has 101 points, and no submission more than lab 00's.
     assert all(int(row["total"]) <= FULL for row in rows.values())
 
 

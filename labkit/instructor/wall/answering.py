@@ -166,8 +166,8 @@ def install(fd: int, lab: str) -> None:
     def past_its_limit() -> bool:
         """Whether the learner's function now answering has run past its time limit, from when its time limit
         started (the hook's clock, not the learner's: read before the learner's code ran)."""
-        call = state["call"]
-        return call is not None and monotonic() - call[0] >= call[1]
+        call = state["call"]  # (its start, its limit, the checker's deadline, which says when it expired)
+        return call is not None and (monotonic() - call[0] >= call[1] or call[2].expired is True)
 
     def hook(event: str, args: tuple) -> None:
         if event == PREPARE_EVENT:  # honoured only where the worker raises it: the main thread, nothing tracing
@@ -208,17 +208,19 @@ def install(fd: int, lab: str) -> None:
         culprit = frame if not is_library(code.co_filename) else None
         if event in _TRACE_EVENTS:
             if one_of(code, setters):  # the checker switching its tripwire: on as a function starts, off as it ends
-                if state["step"]:  # the deadline is the checker's own, made before the learner's code runs
-                    watch = frame.f_locals.get("deadline")
-                    state["call"] = None if state["call"] else (float(watch._started), float(watch.limit_s))
+                # (the step's calls, and the notebook's own check in a cell): its deadline is the checker's own,
+                # made before the learner's code runs
+                watch = frame.f_locals.get("deadline")
+                state["call"] = None if state["call"] else (float(watch._started), float(watch.limit_s), watch)
                 return
             if one_of(code, deadline_code):
                 return  # the time limit arming or ending its own trace
             culprit = culprit or learner_below(frame)  # pdb or bdb started by the learner's line
             if culprit is not None:
                 # A function past its limit: the interpreter dropping the time limit's trace after it raised (the
-                # learner's frame on top). Refused, so the limit stays armed, but it accuses nobody.
-                refuse(_WHAT[event], culprit, record=not (state["step"] and past_its_limit()))
+                # learner's frame on top). Refused, so the limit stays armed, but it accuses nobody (a learner who
+                # marks the deadline expired only silences the record of a refusal, which still holds).
+                refuse(_WHAT[event], culprit, record=not past_its_limit())
             return
         if (event.startswith("gc.") or (state["step"] and event == "sys._current_frames") or
                 (event in _BUILDS and builds_labkit_code(event, args))):
