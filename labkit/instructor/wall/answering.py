@@ -380,14 +380,14 @@ def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reac
     """
     try:
         for function, code, name in targets:
-            function.__code__ = _tripwire(code, name, reached)
+            function.__code__ = _disarming_code(code, name, reached)
         yield
     finally:
         for function, code, _ in targets:
             function.__code__ = code
 
 
-def _tripwire(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
+def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
     """Code that raises at once, whatever the arguments, under ``code``'s names (so tracebacks and the checker's
     tripwire still name the function) and with its free variables (a method that calls ``super()``, a function
     made in a closure: a function's code can only be swapped for code with the same ones). Its one constant is
@@ -399,21 +399,21 @@ def _tripwire(code: types.CodeType, name: str, reached: list[str]) -> types.Code
             super().__init__(f"labkit grade: {name} may not be used in this exercise, and it is disarmed while it "
                              "is graded")
 
-    template = _TRIPWIRES.get(code.co_freevars)
+    template = _DISARMING_CODES.get(code.co_freevars)
     if template is None:
         free = code.co_freevars
         source = ("def outer():\n" + "".join(f"    {word} = None\n" for word in free) +
                   "    def tripwire(*args, **kwargs):\n" + (f"        ({', '.join(free)},)\n" if free else "") +
                   "        raise 'LABKIT_DISARMED'\n    return tripwire\n")
         outer = compile(source, "<labkit grade>", "exec").co_consts[0]
-        template = _TRIPWIRES[free] = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+        template = _DISARMING_CODES[free] = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
     names = {"co_qualname": code.co_qualname} if hasattr(code, "co_qualname") else {}  # Python 3.11+
     return template.replace(co_consts=tuple(Disarmed if c == "LABKIT_DISARMED" else c for c in template.co_consts),
                             co_name=code.co_name, co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
                             **names)
 
 
-_TRIPWIRES: dict[tuple[str, ...], types.CodeType] = {}  # free variable names -> the tripwire's code
+_DISARMING_CODES: dict[tuple[str, ...], types.CodeType] = {}  # free variable names -> the tripwire's code
 
 
 def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None = None) -> dict[str, Any]:
