@@ -44,9 +44,12 @@ NATURAL = {  # name -> (exercise, the learner's function): first attempts an hon
     "softmax_multiplies": ("00.softmax_temperature", "import torch\n\n\ndef softmax_with_temperature(logits, "
                            "temperature):\n    return torch.softmax(logits * temperature, dim=-1)\n"),
     # Honest and slow (issue #52): each is told only that it gave no answer in time, and nothing is reviewed.
-    "sample_never_advances": ("00.sample_token", "def sample_token(probs, uniform):\n    cumulative, index = 0.0, 0\n"
-                              "    while True:\n        cumulative += float(probs[index])\n"
-                              "        if cumulative > uniform:\n            return index\n"),
+    "sample_bisects_for_ever": ("00.sample_token", "def sample_token(probs, uniform):\n"
+                                "    cumulative = probs.double().cumsum(0)\n    low, high = 0, len(probs) - 1\n"
+                                "    while low < high:\n        middle = (low + high) // 2\n"
+                                "        if cumulative[middle] <= uniform * cumulative[-1]:\n"
+                                "            low = middle  # one short of middle + 1: stuck once high == low + 1\n"
+                                "        else:\n            high = middle\n    return low\n"),
     "softmax_sleeps": ("00.softmax_temperature", "import time\nimport torch\n\n\ndef softmax_with_temperature("
                        "logits, temperature):\n    time.sleep(8)  # waiting for a plot to refresh\n"
                        "    return torch.softmax(logits / temperature, dim=-1)\n"),

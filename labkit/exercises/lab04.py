@@ -15,6 +15,7 @@ from labkit.core.gptq import gptq
 from labkit.core.outlier_schemes import int8_decomposed_matmul, outlier_channels
 from labkit.exercises import register
 from labkit.exercises.definitions import Case, CodeExercise, Mistake, prediction
+from labkit.exercises.lab03 import TIE_MARGIN
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -65,23 +66,42 @@ INT8_REAL_ROWS = 64
 
 
 def _planted_case(generator: torch.Generator) -> Case:
-    """Activations of ordinary size with a few outlier channels planted (one token each), a small weight."""
+    """Activations of ordinary size with a few outlier channels planted (one token each), a small weight; drawn
+    again while some value of the INT8 part sits at a rounding tie (:func:`_near_an_int8_tie`)."""
     def draw(low: int, high: int) -> int:
         return int(torch.randint(low, high + 1, (1,), generator=generator))
 
-    n_tokens, n_in, n_out = draw(1, 12), draw(2, 48), draw(1, 16)
-    threshold = (6.0, 6.0, 3.0, 1.5)[draw(0, 3)]
-    x = torch.randn(n_tokens, n_in, generator=generator) * threshold / 6
-    planted = torch.randperm(n_in, generator=generator)[:draw(0, max(1, n_in // 8))]
-    for channel in planted.tolist():
-        size = threshold * (1 + 3 * float(torch.rand(1, generator=generator)))
-        x[draw(0, n_tokens - 1), channel] = size if draw(0, 1) else -size
-    weight = torch.randn(n_out, n_in, generator=generator) * 0.1
+    for _ in range(1000):
+        n_tokens, n_in, n_out = draw(1, 12), draw(2, 48), draw(1, 16)
+        threshold = (6.0, 6.0, 3.0, 1.5)[draw(0, 3)]
+        x = torch.randn(n_tokens, n_in, generator=generator) * threshold / 6
+        planted = torch.randperm(n_in, generator=generator)[:draw(0, max(1, n_in // 8))]
+        for channel in planted.tolist():
+            size = threshold * (1 + 3 * float(torch.rand(1, generator=generator)))
+            x[draw(0, n_tokens - 1), channel] = size if draw(0, 1) else -size
+        weight = torch.randn(n_out, n_in, generator=generator) * 0.1
+        if not _near_an_int8_tie(x, weight, threshold):
+            break
     reaching = int(outlier_channels(x, threshold).sum())
     return Case((x, weight, threshold),
                 label=f"random x [{n_tokens}, {n_in}] with {len(planted)} planted outlier channels "
                       f"({reaching} reaching the threshold in all), weight [{n_out}, {n_in}], "
                       f"threshold {threshold}")
+
+
+def _near_an_int8_tie(x: torch.Tensor, weight: torch.Tensor, threshold: float) -> bool:
+    """Whether some value of the INT8 part (x and weight with the outlier columns zeroed, over their row's scale
+    max|row| / 127) lies within TIE_MARGIN of a half code: there ``v / s`` and ``v * (1 / s)`` (labkit's
+    quantizer) can round to codes one apart, and a right answer would be off by a whole step (a random case of
+    the course's own solution met one)."""
+    keep = outlier_channels(x, threshold)
+    for part in (x.masked_fill(keep, 0.0), weight.masked_fill(keep, 0.0)):
+        wide = part.double()
+        scales = (wide.abs().amax(dim=1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float64).tiny)
+        scaled = (wide / scales).abs()
+        if bool(((scaled - scaled.floor() - 0.5).abs() < TIE_MARGIN).any()):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=1)
