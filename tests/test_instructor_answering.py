@@ -298,3 +298,26 @@ def test_an_attack_on_the_answering_step_earns_nothing_on_its_exercise_or_is_fla
     assert total == 0 if whole_zero else total <= 5, (learner, total)
     if learner in ("pool_reference", "listener_reference", "getattr_constant", "exec_base64"):
         assert total == 3, (learner, total)  # only its own exercise: the others keep their points
+
+
+def test_a_function_of_the_step_replaced_in_a_cell_is_put_back_before_it_runs():
+    """A cell that replaces the step's own answer_plan (to answer with the reference, never disarmed) changes
+    nothing: the step restores its module's functions as install() bound them, and the learner's own answer
+    counts."""
+    cells = ["import labkit.instructor.wall.answering as step\nfrom labkit.core import sampling\n"
+             "from labkit.exercises.calling import Outcome\nfrom labkit.instructor.wall import wire\n"
+             "def answer_plan(namespace, plan, kit=None):\n"
+             "    outcomes = []\n"
+             "    for item in plan['exercises']:\n"
+             "        if item['id'] == '00.softmax_temperature':\n"
+             "            for encoded in item['cases']:\n"
+             "                args, kwargs = wire.from_plain(encoded, objects=True)\n"
+             "                done = Outcome()\n"
+             "                done.value = sampling.softmax_with_temperature(*args, **kwargs)\n"
+             "                outcomes.append(wire.outcome_to_plain(done, done.value, 2000))\n"
+             "    return {'00.softmax_temperature': {'outcomes': outcomes}}\n"
+             "step.answer_plan = answer_plan\n", SAMPLE, PREDICTION,
+             "def softmax_with_temperature(logits, temperature):\n    raise NotImplementedError\n"]
+    got = answer(cells)
+    assert got.points("00.softmax_temperature") == 0, got.details("00.softmax_temperature")
+    assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1

@@ -83,7 +83,6 @@ def prologue(fd: int, lab: str) -> str:
 
 def install(fd: int, lab: str) -> None:
     """Bind the answering step and add the audit hook (the worker's first cell, before any learner code)."""
-    import gc
     import linecache
     import os
     import sys
@@ -93,15 +92,15 @@ def install(fd: int, lab: str) -> None:
 
     import labkit
     from labkit.exercises import calling, exercises
-    from labkit.exercises.deadline import Deadline, is_checker_code as checker
+    from labkit.exercises.deadline import Deadline
     from labkit.instructor.wall import protocol
 
     key: bytes | None = protocol.take_key(fd)
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
     library = tuple(os.path.abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
-    # "call": (when the learner's function started, its time limit), read from the checker's own frame when it
-    # switches its tripwire on; "bottom": the step's frame, below which nothing is the learner's.
+    # "call": (when the learner's function's time limit started, the limit, the checker's deadline), read from the
+    # checker's own frame when it switches its tripwire on; "bottom": the step's frame, below which nothing is the learner's.
     state: dict[str, Any] = {"busy": False, "step": False, "refused": [], "call": None, "bottom": None,
                              "next_traced": False}
     known: dict[str, bool] = {}
@@ -115,6 +114,10 @@ def install(fd: int, lab: str) -> None:
     setters = (calling.call_safely.__code__,)  # compared by identity: hashing a code runs its names' __hash__
     deadline_code = (Deadline._on_alarm.__code__, Deadline.arm_trace.__code__, Deadline.stop.__code__)
     processes_filter = no_new_processes()  # built now (libseccomp is found by running ldconfig), loaded at the step
+    # This module's functions and classes as they are now: the step puts them back before it runs, so a learner
+    # cell that replaced one (answer_plan, disarmed...) changes nothing the step calls.
+    own = {name: value for name, value in globals().items() if isinstance(value, (types.FunctionType, type))}
+    every = every_function
     main_thread = get_ident()
     labkit_files = os.path.dirname(os.path.abspath(labkit.__file__)) + os.sep
 
@@ -238,13 +241,13 @@ def install(fd: int, lab: str) -> None:
         namespace = shell.user_ns if shell is not None else {}
 
         def prepare() -> None:
+            globals().update(own)
             processes_filter.load()  # from here on the kernel itself refuses a new process or program
             state["busy"] = True  # the grader's own search: nothing in it is the learner's
             try:
-                functions = [item for item in gc.get_objects() if type(item) is types.FunctionType]
+                kit.find_copies(every())
             finally:
                 state["busy"] = False
-            kit.find_copies(functions)
 
         try:
             protocol.kernel_step(fd, sign, prepare, lambda cases: answer_plan(namespace, cases, kit),
@@ -344,6 +347,13 @@ class Kit:
             self.targets[exercise_id] = disarm_targets(codes, functions)
 
 
+def every_function() -> list[types.FunctionType]:
+    """Every Python function object the interpreter holds (exact type: no learner subclass's methods run)."""
+    import gc
+
+    return [item for item in gc.get_objects() if type(item) is types.FunctionType]
+
+
 def _signature(code: types.CodeType) -> tuple[str, int, str]:
     return code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name)
 
@@ -430,10 +440,8 @@ def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None
     if kit is None:
         from labkit.exercises import exercises
 
-        import gc
-
         kit = Kit([exercise for exercise in exercises() if exercise.id in {item["id"] for item in plan["exercises"]}])
-        kit.find_copies([item for item in gc.get_objects() if type(item) is types.FunctionType])
+        kit.find_copies(every_function())
     answers: dict[str, Any] = {}
     for item in plan["exercises"]:
         exercise = kit.exercises.get(item["id"])

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
