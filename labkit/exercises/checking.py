@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -187,14 +187,22 @@ def _judge(exercise: Exercise, case: Case, outcome: Outcome,
 
 def _diagnose(exercise: Exercise, case: Case, got: Any) -> str | None:
     """The hint of the first known mistake that reproduces the learner's output on this case."""
-    for mistake in exercise.mistakes:
+    index = next(matching_mistakes(exercise, case, got), None)
+    return None if index is None else exercise.mistakes[index].hint
+
+
+def matching_mistakes(exercise: Exercise, case: Case, got: Any) -> Iterator[int]:
+    """The indices in ``exercise.mistakes`` of the known mistakes whose output on ``case`` is ``got`` (within the
+    exercise's tolerances), in registration order, each tried only when asked for. The check's hint and the
+    grader's "which mistake" (``labkit.instructor.grader.judging``) are this one test."""
+    for index, mistake in enumerate(exercise.mistakes):
         try:
             wrong = mistake.wrong(*copy.deepcopy(case.args), **copy.deepcopy(case.kwargs))
-            if compare(wrong, got, exercise.rtol, exercise.atol) is None:
-                return mistake.hint
+            matched = compare(wrong, got, exercise.rtol, exercise.atol) is None
         except Exception:  # noqa: BLE001 - a mistake that cannot run on this case does not match it
             continue
-    return None
+        if matched:
+            yield index
 
 
 def _first_line(hints: tuple[str, ...]) -> str | None:

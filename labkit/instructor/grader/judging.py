@@ -12,6 +12,7 @@ Layer 5 (instructor tools).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import secrets
@@ -19,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grader.reports import ExerciseResult, printable
+from labkit.instructor.grader.reports import NO_KNOWN_MISTAKE, ExerciseResult, FailedCase, json_ready, printable
 
 SECRET_ENV = "LABKIT_GRADING_SECRET"
 JUDGE = threading.Lock()  # labkit's references (the model among them) are run by one thread at a time
@@ -87,6 +88,7 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> Exerc
     from labkit.instructor.wall.wire import outcome_from_plain
 
     answer = answers.get(exercise.id) if isinstance(answers, dict) else None
+    found: dict[str, Any] = {}
     if isinstance(cases, BaseException):
         verdict = labkit_error(exercise, "labkit could not draw the cases", cases)
     elif cases is None:
@@ -103,10 +105,72 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> Exerc
     else:
         outcomes = answer.get("outcomes") if isinstance(answer.get("outcomes"), list) else []
         outcome_of = (lambda number, case: outcome_from_plain(outcomes[number] if number < len(outcomes) else None))
+        asked: list[int] = []
+
+        def recording(number: int, case: Any) -> Any:
+            asked.append(number)
+            return outcome_of(number, case)
+
         if exercise.kind == "prediction":
             verdict = prediction_verdict(exercise, lambda: outcome_of(0, None))
+            if verdict.status == "passed":
+                found = prediction_found(exercise, outcome_of(0, None).value)
         else:
-            verdict = code_verdict(exercise, cases[0], cases[1], outcome_of)
+            verdict = code_verdict(exercise, cases[0], cases[1], recording)
+            if verdict.status == "failed" and asked:
+                # code_verdict stops at the first failing case, so the last case it asked for is that case
+                found = which_mistake(exercise, cases[0], asked[-1], outcome_of)
     return ExerciseResult(id=exercise.id, title=exercise.title, kind=exercise.kind, status=verdict.status,
                           points=verdict.points, max_points=exercise.points, close=verdict.close,
-                          details=tuple(printable(list(verdict.lines))))
+                          details=tuple(printable(list(verdict.lines))), **found)
+
+
+# Which mistake runs here, on the grader's side, from the learner's outputs that came back through the wall, and
+# not inside it beside the cases: the learner's outputs already come back (the verdict needs them), and a mistake
+# is labkit's code computing what a wrong answer looks like, so inside the wall its verdict would be the learner's
+# kernel's to forge, and its outputs a step from labkit's answers, which never enter the wall.
+def which_mistake(exercise: Any, cases: list[Any], failing: int, outcome_of: Any) -> dict[str, Any]:
+    """The result's fields of a failed code exercise: its first failing case (``cases[failing]``) and the
+    registered mistake the learner's function behaves like, by the check's own test
+    (:func:`labkit.exercises.checking.matching_mistakes`) on that case; when several mistakes give that output,
+    the first that also gives the learner's output on every other case answered."""
+    from labkit.exercises.checking import matching_mistakes
+    from labkit.exercises.comparing import compare
+
+    n_hand, n_hidden = len(exercise.hand_cases), len(exercise.grader_cases)
+    kind = "hand" if failing < n_hand else "hidden" if failing < n_hand + n_hidden else "random"
+    case = cases[failing]
+    found: dict[str, Any] = {"failed_case": FailedCase(failing + 1, kind, printable(case.label)),
+                             "mistake": NO_KNOWN_MISTAKE, "mistake_number": None}
+    outcome = outcome_of(failing, case)
+    if outcome.error is not None or outcome.timed_out or outcome.called_forbidden or outcome.mutated:
+        return found  # no output to match: what went wrong is in the details
+    candidates = list(matching_mistakes(exercise, case, outcome.value))
+    if len(candidates) > 1:
+        answered = [(case, outcome_of(number, case)) for number, case in enumerate(cases) if number != failing]
+        answered = [(case, other.value) for case, other in answered
+                    if other.error is None and not other.timed_out and not other.called_forbidden]
+
+        def behaves_like(index: int) -> bool:
+            try:
+                wrong = exercise.mistakes[index].wrong
+                return all(compare(wrong(*copy.deepcopy(other.args), **copy.deepcopy(other.kwargs)), value,
+                                   exercise.rtol, exercise.atol) is None for other, value in answered)
+            except Exception:  # noqa: BLE001 - a mistake that cannot run on a case does not behave like the learner
+                return False
+
+        candidates = [index for index in candidates if behaves_like(index)] or candidates
+    if candidates:
+        found.update(mistake=printable(exercise.mistakes[candidates[0]].hint), mistake_number=candidates[0] + 1)
+    return found
+
+
+def prediction_found(exercise: Any, value: Any) -> dict[str, Any]:
+    """The result's fields of a well-formed prediction: the learner's answer, labkit's and their distance."""
+    from labkit.exercises.calling import plain
+    from labkit.exercises.checking import _prediction_answer
+    from labkit.exercises.comparing import distance_words
+
+    value = plain(value)
+    truth = _prediction_answer(exercise.reference)
+    return {"answer": json_ready(value), "truth": json_ready(truth), "distance": printable(distance_words(truth, value))}

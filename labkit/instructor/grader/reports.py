@@ -39,9 +39,26 @@ def printable(value: Any) -> Any:
     return value
 
 
+NO_KNOWN_MISTAKE = "no known mistake"
+
+
+@dataclass(frozen=True)
+class FailedCase:
+    """The first case a code exercise failed on: where it sits among the cases the grader ran, and what it is."""
+
+    number: int  # 1-based, among all the cases run (hand, then hidden, then random)
+    kind: str  # "hand" (the notebook's check runs it too), "hidden" (the grader's own) or "random"
+    label: str = ""  # the case's label ("temperature 0 is greedy"); random cases have none
+
+
 @dataclass(frozen=True)
 class ExerciseResult:
-    """One exercise of a submission: its verdict and points, with the lines that say why."""
+    """One exercise of a submission: its verdict and points, with the lines that say why.
+
+    A failed code exercise also says which registered mistake the learner's function behaves like (the hint the
+    learner's own check shows for it), or :data:`NO_KNOWN_MISTAKE`, and the case it failed first; a well-formed
+    prediction keeps the learner's answer, labkit's and how far apart they are.
+    """
 
     id: str
     title: str
@@ -51,6 +68,37 @@ class ExerciseResult:
     max_points: int
     close: bool | None = None  # a prediction: whether it came close (recorded, not scored)
     details: tuple[str, ...] = ()
+    mistake: str | None = None  # a failed code exercise: the matched mistake's hint, or NO_KNOWN_MISTAKE
+    mistake_number: int | None = None  # its place (1-based) among the exercise's registered mistakes
+    failed_case: FailedCase | None = None  # a failed code exercise: the first case it failed on
+    answer: Any = None  # a well-formed prediction: the learner's answer (JSON-ready: tuples for sequences)
+    truth: Any = None  # ... labkit's answer
+    distance: str | None = None  # ... how far apart, in words ("26% too low", "right")
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExerciseResult:
+        """The result :func:`dataclasses.asdict` wrote (a report's ``exercises`` item, read back from JSON)."""
+        values = dict(data)
+        values["details"] = tuple(values.get("details", ()))
+        if values.get("failed_case") is not None:
+            values["failed_case"] = FailedCase(**values["failed_case"])
+        for name in ("answer", "truth"):
+            values[name] = json_ready(values.get(name))
+        return cls(**values)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` as the plain data a report holds and JSON gives back the same: numbers, strings, booleans, None,
+    and tuples of them; anything else its ``repr`` (at most 200 characters).
+
+    >>> json_ready([1, ("a", 2.5)]), json_ready(None), json_ready({"k": 1})
+    ((1, ('a', 2.5)), None, "{'k': 1}")
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return printable(value) if isinstance(value, str) else value
+    if isinstance(value, (list, tuple)):
+        return tuple(json_ready(item) for item in value)
+    return printable(repr(value)[:200])
 
 
 @dataclass(frozen=True)
@@ -104,8 +152,7 @@ class SubmissionReport:
         try:
             known = {f.name for f in dataclasses.fields(cls)}
             values = {key: value for key, value in data.items() if key in known}
-            values["exercises"] = tuple(ExerciseResult(**{**item, "details": tuple(item.get("details", ()))})
-                                        for item in values.get("exercises", ()))
+            values["exercises"] = tuple(ExerciseResult.from_json(item) for item in values.get("exercises", ()))
             values["cell_errors"] = tuple(CellError(**item) for item in values.get("cell_errors", ()))
             values["review"] = tuple(Finding(**item) for item in values.get("review", ()))
             for name in ("course_cells_not_run", "kernel_log"):
@@ -133,6 +180,11 @@ def format_report(report: SubmissionReport) -> str:
         lines.append(f"{result.id:<28} {result.status:<14} {result.points}/{result.max_points}{closeness}")
         if result.status in ("failed", "error"):  # "error": labkit's side broke, the details say what
             lines += [f"    {detail}" for detail in result.details]
+        if result.mistake is not None:
+            number = f" (mistake {result.mistake_number})" if result.mistake_number else ""
+            lines.append(f"    which mistake{number}: {result.mistake}")
+        if result.distance is not None:
+            lines.append(f"    answered {result.answer!r}, labkit's answer {result.truth!r}: {result.distance}")
     lines += [f"cell {error.cell}: {error.error}" for error in report.cell_errors]
     if report.course_cells_not_run:
         lines.append(f"not run (the course's measurements and figures, which no exercise uses): cells "
