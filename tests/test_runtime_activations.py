@@ -7,7 +7,7 @@ import torch
 from labkit import runtime
 from labkit.core.texts import load_eval_text, tokenize_sections
 from labkit.runtime import activations
-from labkit.runtime.activations import (LINEAR_INPUTS, RESIDUAL, SOURCES, OutlierData, capture_activations,
+from labkit.runtime.activations import (ROLES, RESIDUAL, SOURCES, OutlierData, capture_activations,
                                         input_maxima, massive_activations)
 
 PROMPT = "The Eiffel Tower is in Paris."
@@ -66,7 +66,7 @@ def test_capture_holds_every_layer_and_source(data, embedded):
 
 def test_input_maxima_per_linear_kind_and_the_culprit_at_layer_11(data):
     maxima = input_maxima(data, [3, 11])
-    assert list(maxima) == [*LINEAR_INPUTS, RESIDUAL]
+    assert list(maxima) == [*ROLES, RESIDUAL]
     assert maxima["down_proj input"][1] == float(data.activations["down_proj input"][11].abs().max())
     # The MLP that writes the massive activation reads a massive input; RMSNorm keeps q/k/v's input small.
     assert maxima["down_proj input"][1] > 1000 > 10 > maxima["q/k/v_proj input"][1]

@@ -22,7 +22,7 @@ from labkit.explorers import outliers as outlier_explorer
 from labkit.explorers import sampling as sampling_explorer
 from labkit.runtime import drafters
 from labkit.runtime import speculative as rs
-from labkit.runtime.activations import RESIDUAL, ROLES, SOURCES, capture_activations, source_linears
+from labkit.runtime.activations import RESIDUAL, SOURCES, capture_activations, source_linears
 from labkit.runtime.generation import greedy_margins
 from labkit.runtime.llama import _is_plain_llama
 from labkit.runtime.models import LoadedModel
@@ -165,23 +165,40 @@ def test_activations_are_captured_by_role_on_each_architecture(target, prompt_id
         assert all(len(values) == config.num_hidden_layers for values in view.layers.sqnr.values())
 
 
-def test_the_roles_are_named_per_architecture():
-    assert ROLES["gpt_neox"]["down_proj input"] == "mlp.dense_4h_to_h"
-    assert ROLES["phi3"]["gate/up_proj input"] == "mlp.gate_up_proj"
-    assert ROLES["gemma2"] == ROLES["llama"] == SOURCES
-    assert set(ROLES) == set(ARCHITECTURES)
+def test_the_roles_are_read_from_each_blocks_layer_names(target):
+    linears = source_linears(target)
+    expected = {"gpt_neox": ("attention.query_key_value", "mlp.dense_4h_to_h"),
+                "phi3": ("self_attn.qkv_proj", "mlp.down_proj")}.get(target.model.config.model_type,
+                                                                      ("self_attn.q_proj", "mlp.down_proj"))
+    assert (linears["q/k/v_proj input"], linears["down_proj input"]) == expected
+    assert list(linears) == list(SOURCES[1:])  # every layer has a known role here: no "linear k" source
 
 
-def test_an_architecture_of_unknown_roles_is_refused_with_the_known_ones(tokenizer):
+def test_a_model_of_unknown_layer_names_is_captured_as_linear_k_and_one_without_blocks_is_refused(tokenizer):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=64, n_head=4, vocab_size=len(tokenizer), n_positions=64)
     gpt2 = wrap(AutoModelForCausalLM.from_config(config), tokenizer, "tiny-gpt2")
-    assert runtime.layer_names(gpt2) == ["transformer.h.0", "transformer.h.1"]  # blocks are still found
-    with pytest.raises(ValueError, match=r"lm must be a model whose config.model_type is one of \['gemma2', "
-                                         r"'gpt_neox', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3'\].*got 'gpt2'"):
-        capture_activations(gpt2, PROMPT)
+    assert runtime.layer_names(gpt2) == ["transformer.h.0", "transformer.h.1"]
+    assert source_linears(gpt2) == {"q/k/v_proj input": "attn.c_attn", "o_proj input": "attn.c_proj",
+                                    "gate/up_proj input": "mlp.c_fc", "down_proj input": "mlp.c_proj"}
+    for block in gpt2.model.transformer.h:  # renamed: no name says what these read any more
+        block.attn.mixer_in, block.mlp.expand = block.attn.c_attn, block.mlp.c_fc
+        del block.attn.c_attn, block.mlp.c_fc
+    renamed = source_linears(gpt2)
+    assert renamed == {"o_proj input": "attn.c_proj", "down_proj input": "mlp.c_proj",
+                       "linear 1 input (attn.mixer_in)": "attn.mixer_in", "linear 3 input (mlp.expand)": "mlp.expand"}
+    # a model with no repeated blocks is refused, saying which lists it has
+    flat = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    with pytest.raises(ValueError, match=r"lm must be a model with a ModuleList of its repeated decoder blocks; "
+                                         r"Sequential has the ModuleLists none"):
+        source_linears(flat)
+    holder = torch.nn.Module()
+    holder.blocks = torch.nn.ModuleList([torch.nn.LayerNorm(4), torch.nn.LayerNorm(4)])
+    with pytest.raises(ValueError, match=r"lm must be a model whose decoder blocks hold linear layers.*blocks.0 is a "
+                                         r"LayerNorm"):
+        source_linears(holder)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from labkit.explorers.base import Explorer
 from labkit.explorers.outliers_views import (SCHEMES, LayersView, OutlierView, layers_view, outliers_kept_sqnr,
                                              smoothing_view, tensor_view, threshold_free_sqnr, threshold_view)
 from labkit.runtime import layer_names
-from labkit.runtime.activations import RESIDUAL, SOURCES, OutlierData, capture_activations
+from labkit.runtime.activations import RESIDUAL, OutlierData, capture_activations
 
 DEFAULT_PROMPT = "The Eiffel Tower is in Paris. It was finished in 1889 and is 330 metres tall."
 
@@ -178,7 +178,9 @@ def numbers_html(view: OutlierView, data: OutlierData | None = None) -> str:
     note = ("<br><i>No Linear reads this tensor (each reads it after RMSNorm): the threshold and INT8 rows show "
             "what they would do to it. W8A8 and LLM.int8() quantize the Linear inputs (menu <b>tensor</b>).</i>"
             if residual else "")
-    linear = "q/k/v_proj's input (the normalized residual)" if residual else "the Linear's input"
+    reader = "q/k/v_proj's input" if data is None or data.residual_reader == "q/k/v_proj input" else \
+        html.escape(data.residual_reader)
+    linear = f"{reader} (the normalized residual)" if residual else "the Linear's input"
     return (f'<div style="font-size:12px">{intervention_html(data) if data else ""}'
             f"<b>layer {t.layer}, {html.escape(t.source)}</b>: "
             f"largest |x| {t.largest:,.1f}; median |x| {t.median:.3f}; ratio {t.largest / max(t.median, 1e-12):,.0f}x"
@@ -207,7 +209,7 @@ class OutlierExplorer(Explorer):
         n_layers = len(layer_names(lm))
         self.layer = widgets.IntSlider(value=layer, min=0, max=n_layers - 1, description="layer", style=style,
                                        layout=layout.full_width())
-        self.source = widgets.Dropdown(options=list(SOURCES), value=RESIDUAL, description="tensor", style=style,
+        self.source = widgets.Dropdown(options=[RESIDUAL], value=RESIDUAL, description="tensor", style=style,
                                        layout=layout.full_width())
         self.threshold = widgets.FloatSlider(value=LLM_INT8_THRESHOLD, min=0.5, max=60.0, step=0.5,
                                              description="threshold", style=style, layout=layout.full_width())
@@ -247,6 +249,11 @@ class OutlierExplorer(Explorer):
         if as_is.massive_layer is not None:
             self.datasets[True] = capture_activations(self.lm, self.prompt.value, zero_massive_at=as_is.massive_layer)
         self.massive.disabled = as_is.massive_layer is None
+        if tuple(self.source.options) != tuple(as_is.activations):  # the sources this model's blocks have
+            self.source.unobserve(self.update, names="value")
+            self.source.options = list(as_is.activations)
+            self.source.value = RESIDUAL
+            self.source.observe(self.update, names="value")
         if self.massive.disabled and self.massive.value:
             self.massive.value = False  # runs switch()
         else:

@@ -93,7 +93,7 @@ def threshold_view(data: OutlierData, layer: int, source: str, threshold: float)
 
 
 def smoothing_view(data: OutlierData, layer: int, source: str, alpha: float) -> SmoothingView:
-    linear_input = data.activations["q/k/v_proj input" if source == RESIDUAL else source][layer]
+    linear_input = data.activations[data.residual_reader if source == RESIDUAL else source][layer]
     act_before = linear_input.abs().amax(dim=0)
     weight_before = data.weight_absmax[source][layer]
     scales = smoothquant_scales(act_before, weight_before, alpha)

@@ -15,11 +15,13 @@ nothing happens either. So they are not information about the text but fixed bia
 attention heads use the first token as a sink), and a quantizer must keep them without letting them set a
 per-tensor INT8 scale for everything else.
 
-Any causal LM of a known architecture is captured the same way: each source is a role (the q/k/v projection's input,
-o_proj's, gate/up's, down_proj's), named per ``config.model_type`` (:data:`ROLES`: GPT-NeoX's ``dense_4h_to_h`` is
-Llama's ``down_proj``, Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` read what q and gate read), and the blocks are
-found per architecture (:func:`labkit.runtime.capture.layer_names`); another architecture is refused, naming the
-known ones, rather than guessed.
+Any causal LM is captured the same way, by its structure (:mod:`labkit.runtime.structure`): the blocks are its
+``ModuleList`` of one entry per layer, and every linear layer of a block (``nn.Linear`` or transformers' ``Conv1D``)
+has its input captured in the one pass. A layer whose name says which input it reads is shown under that role (the
+q/k/v projection's input, o_proj's, gate/up's, down_proj's, in Llama's words: GPT-2's ``c_attn`` reads what q reads,
+GPT-NeoX's ``dense_4h_to_h`` what down_proj reads); any other is shown as "linear k input" with its name. A layer
+not run once over every token of the pass (a mixture-of-experts' experts, which see only the tokens routed to them)
+is left out. A model is refused only when no block or no linear layer can be found, saying what was found.
 
 Layer 2 (runtime). Everything here goes through :func:`labkit.runtime.edit_outputs` (hooks removed on exit; the
 weights are never touched), :func:`labkit.runtime.capture` and :func:`labkit.runtime.scoring.score_text`.
@@ -36,39 +38,39 @@ import torch
 
 from labkit.core import validation
 from labkit.core.outliers import RATIO, massive_mask
-from labkit.runtime.capture import capture, edit_outputs, layer_names
-from labkit.runtime.forward import forward, module_of
+from labkit.runtime.capture import capture, edit_outputs
+from labkit.runtime.forward import forward
+from labkit.runtime.structure import (DOWN, GATE_UP, O, QKV, block_linears, describe_block, layer_names,
+                                      linear_weight, module_of, role)
 
 RESIDUAL = "residual stream"
-# What the visualizer can show -> the Linear whose input it is, in Llama's names (k/v share q's input, up shares
-# gate's); the residual stream is read at the decoder block's output, this Linear's weight stands in for its ranges.
-SOURCES = {RESIDUAL: "self_attn.q_proj", "q/k/v_proj input": "self_attn.q_proj", "o_proj input": "self_attn.o_proj",
-           "gate/up_proj input": "mlp.gate_proj", "down_proj input": "mlp.down_proj"}
-LINEAR_INPUTS = tuple(source for source in SOURCES if source != RESIDUAL)  # what W8A8 and LLM.int8() quantize
-# config.model_type -> each source's Linear inside a block, by role: the same four inputs under each architecture's
-# names (GPT-NeoX and Phi-3 fuse q/k/v into one matrix, Phi-3 gate/up too: the fused Linear reads the same input).
-ROLES = {
-    **{model_type: SOURCES for model_type in ("llama", "qwen2", "qwen3", "mistral", "gemma2")},
-    "gpt_neox": {RESIDUAL: "attention.query_key_value", "q/k/v_proj input": "attention.query_key_value",
-                 "o_proj input": "attention.dense", "gate/up_proj input": "mlp.dense_h_to_4h",
-                 "down_proj input": "mlp.dense_4h_to_h"},
-    "phi3": {RESIDUAL: "self_attn.qkv_proj", "q/k/v_proj input": "self_attn.qkv_proj",
-             "o_proj input": "self_attn.o_proj", "gate/up_proj input": "mlp.gate_up_proj",
-             "down_proj input": "mlp.down_proj"},
-}
+# The four roles the visualizer names, in the order a block reads them (structure.ROLE_NAMES says which layer has
+# which); the residual stream is read at the decoder block's output.
+ROLES = (QKV, O, GATE_UP, DOWN)
+SOURCES = (RESIDUAL, *ROLES)  # what the embedded model (and any model whose layers' names are known) shows
 
 
 def source_linears(lm: Any) -> dict[str, str]:
-    """Each source's Linear inside a decoder block for this model's architecture (``config.model_type``, :data:`ROLES`).
+    """Each linear layer of a decoder block, by the source it is shown as: ``{source: name inside the block}``.
 
-    An architecture not in :data:`ROLES` is refused before any pass: its Linears' names do not say which input
-    each one reads (GPT-NeoX's ``dense_4h_to_h`` is Llama's ``down_proj``), and a guess would show the wrong tensor.
+    The roles first (the first layer of each role in the block's module order: k and v read what q reads), then
+    every layer of no known role as ``"linear k input (name)"``, k its place among the block's linear layers. Read
+    from the first block; a source whose layer is missing from another block is left out. Refused when the blocks
+    hold no linear layer.
     """
-    model_type = getattr(getattr(module_of(lm), "config", None), "model_type", None)
-    if model_type not in ROLES:
-        raise validation.fail(ValueError, "lm", f"a model whose config.model_type is one of {sorted(ROLES)} (the "
-                              "architectures whose Linears' roles labkit knows)", model_type)
-    return ROLES[model_type]
+    blocks = layer_names(lm)
+    per_block = [block_linears(lm, block) for block in blocks]
+    if not any(per_block):
+        raise validation.fail(ValueError, "lm", "a model whose decoder blocks hold linear layers (torch.nn.Linear or "
+                              "transformers' Conv1D)", describe_block(lm, blocks[0]))
+    found: dict[str, str] = {}
+    for index, name in enumerate(per_block[0]):
+        known = role(name)
+        source = known if known is not None else f"linear {index} input ({name})"
+        found.setdefault(source, name)
+    everywhere = set.intersection(*(set(names) for names in per_block))
+    ordered = [source for source in ROLES if source in found] + [source for source in found if source not in ROLES]
+    return {source: found[source] for source in ordered if found[source] in everywhere}
 
 
 @dataclass
@@ -81,6 +83,13 @@ class OutlierData:
     weight_absmax: dict[str, list[torch.Tensor]]  # source -> [n_layers] of max |W_j| per input channel [in]
     massive_layer: int | None = None  # the first layer whose residual stream holds a massive activation
     zeroed_at: int | None = None  # captured with the massive activations zeroed at this layer's output
+    residual_reader: str = QKV  # the Linear input standing in for the residual stream (the first a block reads)
+    linear_names: dict[str, str] = dataclasses.field(default_factory=dict)  # source -> its layer's name in a block
+
+    @property
+    def linear_inputs(self) -> tuple[str, ...]:
+        """The sources that are some linear layer's input (what W8A8 and LLM.int8() quantize), in capture order."""
+        return tuple(source for source in self.activations if source != RESIDUAL)
 
     @property
     def n_layers(self) -> int:
@@ -97,10 +106,10 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
         with replace_massive(lm, zero_massive_at):
             return dataclasses.replace(capture_activations(lm, prompt), zeroed_at=zero_massive_at)
     token_ids = lm.text_ids(prompt)  # [1, seq_len]
-    roles = source_linears(lm)  # before any pass: an architecture of unknown names is refused first
+    roles = source_linears(lm)  # before any pass: a model whose structure cannot be read is refused first
     blocks = layer_names(lm)
-    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in roles.items()
-               if source != RESIDUAL}
+    n_tokens = token_ids.shape[1]
+    linears = {source: [f"{block}.{suffix}" for block in blocks] for source, suffix in roles.items()}
     names = [name for group in linears.values() for name in group]
     with capture(lm, blocks, what="output") as outputs, capture(lm, names, what="input") as inputs:
         forward(lm, token_ids, use_cache=False)
@@ -108,12 +117,21 @@ def capture_activations(lm: Any, prompt: str, zero_massive_at: int | None = None
     module = module_of(lm)
     weight_absmax: dict[str, list[torch.Tensor]] = {}
     for source, group in linears.items():
-        activations[source] = [inputs.only(name)[0].float() for name in group]
-        weight_absmax[source] = [module.get_submodule(name).weight.detach().abs().amax(dim=0).float().cpu()
+        calls = [inputs[name] for name in group]
+        # one call over every token, in every block (an expert sees only its routed tokens, or none)
+        if any(len(seen) != 1 or seen[0].reshape(-1, seen[0].shape[-1]).shape[0] != n_tokens for seen in calls):
+            continue
+        activations[source] = [seen[0].reshape(n_tokens, -1).float() for seen in calls]
+        weight_absmax[source] = [linear_weight(module.get_submodule(name)).detach().abs().amax(dim=0).float().cpu()
                                  for name in group]
-    weight_absmax[RESIDUAL] = weight_absmax["q/k/v_proj input"]
+    if len(activations) == 1:
+        raise validation.fail(ValueError, "lm", "a model whose linear layers each run once over every token of a "
+                              "pass", f"{describe_block(lm, blocks[0])}, none of whose linear layers does")
+    reader = QKV if QKV in weight_absmax else next(iter(weight_absmax))
+    weight_absmax[RESIDUAL] = weight_absmax[reader]
     texts = tuple(lm.tokenizer.decode([int(i)]) for i in token_ids[0])
-    return OutlierData(prompt, texts, activations, weight_absmax, first_massive(activations[RESIDUAL]))
+    return OutlierData(prompt, texts, activations, weight_absmax, first_massive(activations[RESIDUAL]),
+                       residual_reader=reader, linear_names=dict(roles))
 
 
 def input_maxima(data: OutlierData, layers: Any) -> dict[str, list[float]]:
@@ -121,7 +139,7 @@ def input_maxima(data: OutlierData, layers: Any) -> dict[str, list[float]]:
     inputs first, then the residual stream (no Linear's input, for comparison)."""
     layers = [int(layer) for layer in layers]
     return {source: [float(data.activations[source][layer].abs().max()) for layer in layers]
-            for source in (*LINEAR_INPUTS, RESIDUAL)}
+            for source in (*data.linear_inputs, RESIDUAL)}
 
 
 def massive_activations(data: OutlierData, ratio: float = RATIO) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Activation capture: record chosen modules' inputs or outputs during forward passes, hooks always removed.
 
-The decoder blocks are found per architecture (:func:`layer_names`); what each Linear inside a block is for (its
-role, named per ``config.model_type``) is ``labkit.runtime.activations``'s. Layer 2 (runtime).
+The decoder blocks and the linear layers in each are found from the module tree (``labkit.runtime.structure``);
+what lab 04 keeps of them is ``labkit.runtime.activations``'s. Layer 2 (runtime).
 """
 
 from __future__ import annotations
@@ -15,45 +15,9 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from labkit.core import validation
-from labkit.runtime.forward import module_of
+from labkit.runtime.structure import layer_names, module_of  # layer_names: re-exported for callers
 
 WHAT = ("input", "output")
-
-
-# config.model_type -> the ModuleList of its decoder blocks (each architecture names it; nothing is guessed).
-LAYER_LISTS = {"llama": "model.layers", "qwen2": "model.layers", "qwen3": "model.layers", "mistral": "model.layers",
-               "gemma2": "model.layers", "phi3": "model.layers", "gpt_neox": "gpt_neox.layers"}
-
-
-def layer_names(lm: Any) -> list[str]:
-    """Names of the decoder blocks, in order; their outputs are the residual stream after each layer.
-
-    The blocks are the model's ``ModuleList`` with one entry per hidden layer, named per ``config.model_type``
-    (:data:`LAYER_LISTS`: ``model.layers.<i>`` in Llama, Qwen, Mistral, Gemma 2 and Phi-3, ``gpt_neox.layers.<i>``
-    in GPT-NeoX); for another module, its ``ModuleList`` of ``num_hidden_layers`` entries (``transformer.h.<i>``
-    in GPT-2).
-    """
-    module = module_of(lm)
-    config = getattr(module, "config", None)
-    path = LAYER_LISTS.get(getattr(config, "model_type", None))
-    blocks = _submodule(module, path) if path is not None else None
-    if isinstance(blocks, torch.nn.ModuleList):
-        return [f"{path}.{index}" for index in range(len(blocks))]
-    n_layers = getattr(config, "num_hidden_layers", None)
-    lists = [(name, child) for name, child in module.named_modules() if isinstance(child, torch.nn.ModuleList)]
-    matching = [(name, child) for name, child in lists if n_layers is None or len(child) == n_layers]
-    if not matching:
-        raise ValueError(f"no ModuleList of {n_layers} decoder layers in {type(module).__name__}")
-    name, blocks = max(matching, key=lambda pair: len(pair[1]))
-    return [f"{name}.{index}" for index in range(len(blocks))]
-
-
-def _submodule(module: torch.nn.Module, path: str) -> torch.nn.Module | None:
-    """The submodule at ``path``, or None (labkit's own decoder carries a Llama config but not its module tree)."""
-    try:
-        return module.get_submodule(path)
-    except AttributeError:
-        return None
 
 
 def _select(module: torch.nn.Module, modules: Any) -> dict[str, torch.nn.Module]:

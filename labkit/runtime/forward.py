@@ -21,6 +21,7 @@ import torch
 
 from labkit.core import validation
 from labkit.runtime.llama import decoder_for, run
+from labkit.runtime.structure import module_of  # where the other runtime modules have long imported it from
 
 POSITIONS = ("last", "all")
 
@@ -34,14 +35,6 @@ class Forward(NamedTuple):
 
 # ---------------------------------------------------------------------------------------------------------------
 # The model and its device
-
-
-def module_of(lm: Any) -> torch.nn.Module:
-    """The torch module of a LoadedModel, or the module itself."""
-    module = lm if isinstance(lm, torch.nn.Module) else getattr(lm, "model", None)
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"lm must be a LoadedModel or a torch.nn.Module, got {type(lm).__name__}")
-    return module
 
 
 def model_device(lm: Any) -> torch.device:
