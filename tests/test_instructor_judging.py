@@ -58,3 +58,27 @@ def test_the_report_json_round_trip_keeps_mistake_case_and_answer():
     again = SubmissionReport.from_json(json.loads(json.dumps(report.to_json())))
     assert again == report
     assert again.exercises[2].answer == ("A", "AB") and again.exercises[0].failed_case.kind == "hand"
+
+
+@pytest.mark.parametrize("name, mistake_function", [("softmax_multiplies", "_multiplied"),
+                                                    ("softmax_divides_by_zero", "_zero_divides"),
+                                                    ("argmax_sample", "_sample_argmax")])
+def test_a_natural_attempt_answered_by_the_real_answering_step_is_named(name, mistake_function):
+    """A first attempt as a learner writes it (tests/honest_corpus.py), answered by the answering step the worker
+    runs in the learner's kernel (here without the wall), its answers through the wire's encoding, then judged."""
+    from honest_corpus import NATURAL
+
+    from labkit.instructor.grader import judging
+    from labkit.instructor.wall import answering, wire
+
+    exercise_id, source = NATURAL[name]
+    exercise = get(exercise_id)
+    namespace: dict = {}
+    exec(compile(source, "<learner cell>", "exec"), namespace)  # noqa: S102
+    _, plan, drawn = judging.plan(exercise.lab, seed=11)
+    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise_id]})
+    result = judging.judge(exercise, drawn[exercise_id], wire.decode(wire.encode(answers)), None)
+    assert result.status == "failed"
+    index = [m.wrong.__name__ for m in exercise.mistakes].index(mistake_function)
+    assert (result.mistake_number, result.mistake) == (index + 1, exercise.mistakes[index].hint)
+    assert result.failed_case is not None and result.failed_case.kind in ("hand", "hidden", "random")
