@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from labkit.core import validation
+from labkit.runtime.formatted import in_format
 from labkit.runtime.kv_cache import KVCache, new_capacity
 from labkit.runtime.weight_formats import FORMATS, bf16_fallback_reason, compute_dtype, make_linear, weight_bytes
 
@@ -311,18 +312,23 @@ def early_exit(lm: Any, n_layers: int) -> Llama | None:
 
 def decoder(lm: Any, weights: str = "fp32") -> Any:
     """A LoadedModel that decodes in the weight format ``weights`` (``"fp32"``, ``"bf16"``, ``"int8"``,
-    ``"int4"``): the same tokenizer and spec, its ``model`` a :class:`Llama` (every pass, cached or not, runs it).
+    ``"int4"``): the same tokenizer and spec; its ``model.weight_bytes`` the bytes a decode step reads.
 
-    FP32 is the runtime's own decoder of ``lm`` (:func:`shared_decoder`); the other formats hold their own weights
-    (quantized once, here).
+    A plain Llama decodes on a :class:`Llama` (every pass, cached or not, runs it): FP32 is the runtime's own
+    decoder of ``lm`` (:func:`shared_decoder`); the other formats hold their own weights (quantized once, here).
+    Any other architecture decodes on transformers' forward with every linear layer in the format
+    (:func:`labkit.runtime.formatted.in_format`).
     """
     validation.choice("weights", weights, FORMATS)
     module = lm.model
     if isinstance(module, Llama):
         raise TypeError(f"lm must be a LoadedModel of a transformers Llama (as load_model() returns), got one "
                         f"already holding labkit's {module.weights} decoder")
+    if not isinstance(module, torch.nn.Module) or not hasattr(module, "config"):
+        raise TypeError(f"lm must be a LoadedModel of a transformers causal LM (as load_model() returns), got one "
+                        f"holding {type(module).__name__}")
     if not _is_plain_llama(module):
-        raise TypeError(f"lm must hold a plain transformers LlamaForCausalLM, got {type(module).__name__}")
+        return in_format(lm, weights)
     llama = shared_decoder(module) if weights == "fp32" else Llama(module, weights)
     note = f"labkit's Llama forward, {weights} weights"
     if weights == "bf16" and (reason := bf16_fallback_reason()) is not None:
