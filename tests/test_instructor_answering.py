@@ -279,6 +279,10 @@ EXPECTED = {
     "runpy_copy": (None, None, "runpy", False),
 }
 
+# The forged frames leave the worker's relay waiting, until its time limit, for bytes that never come: the step's
+# answers are lost either way, and how long the relay waits proves nothing (300 s of the suite's time, issue 53).
+SHORT_WAIT = {"socket_forgery": 20}
+
 
 @pytest.mark.parametrize("learner", sorted(ATTACKS))
 def test_an_attack_on_the_answering_step_earns_nothing_on_its_exercise_or_is_flagged(learner):
@@ -286,7 +290,7 @@ def test_an_attack_on_the_answering_step_earns_nothing_on_its_exercise_or_is_fla
     exercises of a submission that answered them keep their points, and the review names what it did. No fake
     result line is ever read: nothing earns more than lab 00's 5 points."""
     attacked, reason, flag, whole_zero = EXPECTED[learner]
-    got = answer(list(ATTACKS[learner]))
+    got = answer(list(ATTACKS[learner]), timeout_s=SHORT_WAIT.get(learner, 300))
     assert got.problem is None or whole_zero, (learner, got.problem)
     total = sum(result.points for result in got.results.values())
     if attacked is not None:
