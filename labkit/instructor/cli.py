@@ -4,6 +4,7 @@
     labkit grade NOTEBOOK [--json F]      run a submission headless and score each exercise
     labkit grade FOLDER [--out D] [--jobs N] [--cluster slurm | --scheduler tls://HOST:8786]
                                           grade a class on Dask: a JSON per submission, a CSV gradebook, a picture
+    labkit report GRADES_FOLDER           the class report (HTML and CSV) again, from a class's JSON reports
     labkit cache                          where the model cache lives and how big it is
     labkit clear-cache                    delete it (the next load converts again)
 """
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="grade without bubblewrap's wall (only for submissions you trust; reports say "
                             "'not isolated')")
 
+    report = commands.add_parser("report", help="make a graded class's report again from its JSON reports")
+    report.add_argument("grades", type=Path, help="the folder `labkit grade FOLDER` wrote (its --out)")
+
     commands.add_parser("cache", help="show the model cache location and size")
     commands.add_parser("clear-cache", help="delete the model cache")
 
@@ -93,6 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
     elif args.command == "grade":
         _grade(parser, args)
+    elif args.command == "report":
+        from labkit.instructor.grader.class_report import rebuild
+
+        try:
+            page, sheet = rebuild(args.grades)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
+        print(f"wrote {page} and {sheet}")
     elif args.command == "cache":
         from labkit.core.resources import cache_root
 
@@ -185,7 +197,8 @@ def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, set
         raise SystemExit(1) from None
     print()
     print(format_class_summary(reports))
-    print(f"\nwrote {len(reports)} reports to {out / 'reports'}, {out / 'gradebook.csv'} and {out / 'class.png'}")
+    print(f"\nwrote {len(reports)} reports to {out / 'reports'}, {out / 'gradebook.csv'}, {out / 'class.png'} and "
+          f"{out / 'class_report.html'} (its numbers: {out / 'class_report.csv'})")
 
 
 def _kept_secret_file() -> Path | None:

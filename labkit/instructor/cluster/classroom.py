@@ -10,6 +10,7 @@ This process is the only writer of the output folder::
 
     OUT/gradebook.csv      one row per learner (see labkit.instructor.grader.gradebook)
     OUT/class.png          per exercise passed / failed / not attempted, and the score distribution
+    OUT/class_report.html  what the class got wrong (see labkit.instructor.grader.class_report), and its CSV
     OUT/reports/NAME.json  one report per submission; NAME is its path in the class, URL-quoted ("/" is %2F)
     OUT/results/KEY.json   the result store
 
@@ -302,6 +303,7 @@ def _assemble(submissions: list[tuple[str, Path]], run: _Class, interrupted: boo
 def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]],
                    reports: list[SubmissionReport]) -> None:
     from labkit.instructor.grader.class_picture import save_class_picture
+    from labkit.instructor.grader.class_report import write_class_report
 
     for (_, path), report in zip(submissions, reports):
         write_atomically(report_path(out, folder, path), json.dumps(report.to_json(), indent=2))
@@ -310,6 +312,7 @@ def _write_outputs(folder: Path, out: Path, submissions: list[tuple[str, Path]],
                                         error="not graded: a symbolic link, not a notebook handed in"))
     write_atomically(out / "gradebook.csv", csv_text(reports))
     save_class_picture(reports, out / "class.png")
+    write_class_report(reports, out, title=f"Class report: {folder.name}")
 
 
 def _throughput(shipped: int, graded: int, reused: int, rejected: int, copies: int, seconds: float,
