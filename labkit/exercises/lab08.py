@@ -625,7 +625,7 @@ ONLINE_SOFTMAX = register(CodeExercise(
         Mistake("the running max is the largest score seen so far, max(m, block.max()), not the current block's "
                 "own max", _keeps_the_block_max),
     ),
-    forbidden=(torch.softmax, torch.nn.functional.softmax, torch.logsumexp, torch.cummax),
+    forbidden=(torch.softmax, torch.nn.functional.softmax, torch.logsumexp),
 ))
 
 
