@@ -52,6 +52,9 @@ hypothesis.settings.load_profile("dev")
 def pytest_configure(config):
     # A plugin, not this conftest's hooks: a conftest's hooks reach only the items below its folder, and the notebook
     # cells (notebooks/) must name their profile when they fail too.
+    # lab 08 (the optional drills) is registered here beside pyproject.toml's lab00 .. lab07: a change to
+    # pyproject.toml would make every contributor's next `make` reinstall the environment.
+    config.addinivalue_line("markers", "lab08: belongs to lab 08, the drills")
     if not config.pluginmanager.is_registered(cpu_profiles):
         config.pluginmanager.register(cpu_profiles, "cpu_profiles")
 
@@ -114,7 +117,7 @@ def lm(request):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Markers and order. Every item gets a lab marker when it belongs to one lab (lab00 .. lab07: its notebooks, its
+# Markers and order. Every item gets a lab marker when it belongs to one lab (lab00 .. lab08: its notebooks, its
 # exercises, its explorer, a notebook-parametrized check), `notebook` when it is a notebook cell under nbval, and
 # `slow` when its file is one of SLOW (measured above ~10 s of CPU alone). `make quick` runs -m "not slow and not
 # browser" plus the notebooks a change touches. Under xdist (--dist loadscope --no-loadscope-reorder) the scopes
@@ -157,11 +160,11 @@ def lab_of(nodeid: str) -> str | None:
     ['02', '05', '06', '01', '04', None]
     """
     path, _, rest = nodeid.partition("::")
-    if match := re.search(r"(?:^|/)(0[0-7])_\w+\.ipynb$", path) or re.search(r"test_exercises_lab(0[0-7])\.py$", path):
+    if match := re.search(r"(?:^|/)(0[0-8])_\w+\.ipynb$", path) or re.search(r"test_exercises_lab(0[0-8])\.py$", path):
         return match.group(1)
     if match := re.search(r"test_explorer_([a-z]+)", path):
         return EXPLORER_LABS.get(match.group(1))
-    match = re.search(r"\[(?:[^\]]*/)?(0[0-7])[._]", rest)
+    match = re.search(r"\[(?:[^\]]*/)?(0[0-8])[._]", rest)
     return match.group(1) if match else None
 
 
