@@ -3,7 +3,10 @@
     labkit build [--execute] [NAME ...]   learner notebooks from notebooks/solutions (optionally executed)
     labkit grade NOTEBOOK [--json F]      run a submission headless and score each exercise
     labkit grade FOLDER [--out D] [--jobs N] [--cluster slurm | --scheduler tls://HOST:8786]
-                                          grade a class on Dask: a JSON per submission, a CSV gradebook, a picture
+                                          grade a class on Dask: a JSON per submission, a CSV gradebook, a picture,
+                                          the class report
+    labkit grade DOWNLOAD[.zip] --platform canvas|moodle|blackboard [--export canvas,moodle,gradescope]
+                                          a platform's bulk download in, its grade import files out
     labkit report GRADES_FOLDER           the class report (HTML and CSV) again, from a class's JSON reports
     labkit cache                          where the model cache lives and how big it is
     labkit clear-cache                    delete it (the next load converts again)
@@ -77,6 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--secret-file", type=Path,
                        help="a file holding the instructor's secret that salts the random cases (default: "
                             "$LABKIT_GRADING_SECRET, else one labkit keeps in the user data directory)")
+    grade.add_argument("--platform", default="folder", choices=["folder", "canvas", "moodle", "blackboard"],
+                       help="a class: the bulk download's naming (a folder or the zip as downloaded; default: a plain "
+                            "folder, one notebook or subfolder per learner)")
+    grade.add_argument("--pattern", help="a class: a regular expression over each file's path in the download, with "
+                       "the named groups learner and file (and name, late), replacing the platform's")
+    grade.add_argument("--export", default="", help="a class: grades written back, comma-separated among canvas, "
+                       "moodle, gradescope")
+    grade.add_argument("--canvas-column", default="labkit",
+                       help="with --export canvas: the assignment's column as Canvas names it, e.g. 'Lab 00 (123456)'")
+    grade.add_argument("--gradescope", type=Path,
+                       help="one notebook: also write Gradescope's results.json here (in run_autograder: "
+                            "/autograder/results/results.json)")
     grade.add_argument("--no-isolation", action="store_true",
                        help="grade without bubblewrap's wall (only for submissions you trust; reports say "
                             "'not isolated')")
@@ -125,10 +140,15 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from labkit.instructor.grader.judging import grading_secret
     from labkit.instructor.grader.reports import format_report
 
-    if args.path.is_dir() and args.json:
-        parser.error("--json is for one notebook; a folder's reports go to --out")
-    if not args.path.is_dir() and args.out:
-        parser.error("--out is for a folder of submissions; use --json for one notebook")
+    is_class = args.path.is_dir() or args.path.suffix.lower() == ".zip"
+    if is_class and (args.json or args.gradescope):
+        parser.error("--json and --gradescope are for one notebook; a class's reports go to --out (and --export)")
+    if not is_class and (args.out or args.export or args.platform != "folder" or args.pattern):
+        parser.error("--out, --export, --platform and --pattern are for a class (a folder or a zip); use --json for "
+                     "one notebook")
+    exports = tuple(name.strip() for name in args.export.split(",") if name.strip())
+    if any(name not in ("canvas", "moodle", "gradescope") for name in exports):
+        parser.error(f"--export must be a comma-separated list among canvas, moodle, gradescope, got {args.export!r}")
     try:
         limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs,
                         total_memory_mb=args.total_memory_mb, wall_seconds=args.wall_seconds,
@@ -143,11 +163,11 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     try:
         settings = GradingSettings(cell_timeout_s=args.cell_timeout, limits=limits, isolate=not args.no_isolation,
                                    secret=secret, jobs=args.jobs, cluster=args.cluster, bar=True, dashboard=True,
-                                   **(_cluster_settings(parser, args) if args.path.is_dir() else {}))
+                                   **(_cluster_settings(parser, args) if is_class else {}))
     except ValueError as error:
         parser.error(str(error).replace("cell_timeout_s", "--cell-timeout").replace("jobs must", "--jobs must"))
-    if args.path.is_dir():
-        _grade_folder(parser, args, settings)
+    if is_class:
+        _grade_folder(parser, args, settings, exports)
         return
     try:
         report = grade_notebook(args.path, settings)
@@ -159,6 +179,12 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
         write_atomically(args.json, json.dumps(report.to_json(), indent=2))
         print(f"wrote {args.json}")
+    if args.gradescope:
+        from labkit.instructor.grader.platform_grades import gradescope_results
+        from labkit.instructor.grader.results import write_atomically
+
+        write_atomically(args.gradescope, json.dumps(gradescope_results(report), indent=2, ensure_ascii=False))
+        print(f"wrote {args.gradescope}")
 
 
 def _cluster_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
@@ -178,14 +204,29 @@ def _cluster_settings(parser: argparse.ArgumentParser, args: argparse.Namespace)
             "worker_secret_file": args.worker_secret_file or args.secret_file or _kept_secret_file()}
 
 
-def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: GradingSettings) -> None:
+def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: GradingSettings,
+                  exports: tuple[str, ...] = ()) -> None:
     from labkit.instructor.cluster.classroom import grade_class
     from labkit.instructor.grader.gradebook import format_class_summary
     from labkit.instructor.grader.grading import IsolationUnavailable
 
-    out = args.out or args.path.resolve().with_name(args.path.resolve().name + "-grades")
+    resolved = args.path.resolve()
+    out = args.out or resolved.with_name((resolved.stem if resolved.is_file() else resolved.name) + "-grades")
+    folder, intake = args.path, None
+    if args.platform != "folder" or args.pattern or args.path.is_file():
+        from labkit.instructor.grader.platforms import read_download, save_intake
+
+        folder = out / "download"
+        try:
+            intake = read_download(args.path, args.platform, folder, args.pattern)
+        except (FileNotFoundError, ValueError, OSError) as error:
+            parser.error(str(error))
+        save_intake(intake, out)
+        print(f"{args.platform} download: {len(intake.learners)} learners placed in {folder}")
+        for path, why in intake.not_placed.items():
+            print(f"  not placed: {path}: {why}")
     try:
-        reports = grade_class(args.path, out, settings)
+        reports = grade_class(folder, out, settings)
     except (FileNotFoundError, ValueError, IsolationUnavailable) as error:
         parser.error(str(error))
     except KeyboardInterrupt:
@@ -199,6 +240,14 @@ def _grade_folder(parser: argparse.ArgumentParser, args: argparse.Namespace, set
     print(format_class_summary(reports))
     print(f"\nwrote {len(reports)} reports to {out / 'reports'}, {out / 'gradebook.csv'}, {out / 'class.png'} and "
           f"{out / 'class_report.html'} (its numbers: {out / 'class_report.csv'})")
+    if exports:
+        from labkit.instructor.grader.platform_grades import write_grades
+        from labkit.instructor.grader.platforms import Intake, Learner
+
+        if intake is None:  # a plain folder: the learners are its names
+            intake = Intake("folder", tuple(Learner(name) for name in dict.fromkeys(str(r.learner) for r in reports)))
+        for path in write_grades(reports, intake, out, exports, args.canvas_column):
+            print(f"wrote {path}")
 
 
 def _kept_secret_file() -> Path | None:
