@@ -249,6 +249,36 @@ def outputs(page: Any) -> list[dict[str, Any]]:
     }""")
 
 
+def executed_notebook(notebook: Path, shown: list[dict[str, Any]]) -> dict[str, Any]:
+    """``notebook``'s file as a dict with every code cell's outputs replaced by those the page shows (:func:`outputs`):
+    the notebook as this Run All left it."""
+    executed = json.loads(notebook.read_text(encoding="utf-8"))
+    for cell in executed["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"] = []
+    for output in shown:
+        output = dict(output)
+        executed["cells"][output.pop("cell")]["outputs"].append(output)
+    return executed
+
+
+def widget_texts(page: Any) -> dict[int, str]:
+    """Cell index -> the text the page shows of that cell's widgets (an explorer's labels, readouts and caption):
+    what a learner reads of an explorer, which the file's outputs hold only as a model id."""
+    found = page.evaluate("""() => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        const texts = {};
+        panel.content.widgets.forEach((cell, index) => {
+            if (cell.model.type !== 'code' || !cell.outputArea) return;
+            const widgets = [...cell.outputArea.node.querySelectorAll('.jupyter-widgets')]
+                .filter(e => !e.parentElement.closest('.jupyter-widgets'));
+            if (widgets.length) texts[index] = widgets.map(e => e.innerText).join('\\n');
+        });
+        return texts;
+    }""")
+    return {int(index): text for index, text in found.items()}
+
+
 def checked_output_differences(notebook: Path, shown: list[dict[str, Any]]) -> list[str]:
     """How the outputs the page shows differ from ``notebook``'s saved ones, in the cells nbval checks.
 

@@ -22,6 +22,7 @@ import pytest
 import browser_harness as browser
 from conftest import notebook_threads
 from labkit.explorers.canvas import CAPTION_CLASS
+from test_reveals_run_all import run_all_problems
 
 pytestmark = pytest.mark.browser
 
@@ -87,6 +88,11 @@ def _runs_and_answers(lab, notebook):
         differences = browser.checked_output_differences(notebook, outputs)
         assert not differences, (f"checked outputs differ from the saved notebook, computed with the "
                                  f"{server.cpu_profile} profile:\n" + "\n".join(differences))
+        # This Run All is also the learner's first one with every stub untouched (test_reveals_run_all.py skips its
+        # own run of this notebook when this test runs in the session): no prediction's answer on the page.
+        reveals = run_all_problems(notebook.name, browser.executed_notebook(notebook, outputs),
+                                   browser.widget_texts(page))
+        assert not reveals, "\n".join(reveals)
         pictures = browser.picture_texts(page)
         silent = [f"cell {p['cell']}" for p in pictures if not p["alt"]]
         assert not silent, f"pictures without a text alternative: {silent}"
