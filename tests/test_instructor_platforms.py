@@ -145,3 +145,33 @@ def test_a_prediction_result_is_a_gradescope_test_too():
     report = SubmissionReport("x.ipynb", "00", score=1, max_score=1, exercises=(
         ExerciseResult("00.predict_tokenizer", "Predict", "prediction", "passed", 1, 1, close=False),))
     assert gradescope_results(report)["tests"][0]["status"] == "passed"
+
+
+def test_the_command_stages_a_canvas_zip_grades_its_folder_and_writes_the_grades_back(graded, tmp_path, monkeypatch,
+                                                                                      capsys):
+    """The command's glue, with the class run replaced (grading through the wall is the classroom tests'): the
+    zip's notebooks staged under their learner ids, the unplaced files printed, the exports written."""
+    from labkit.instructor.cluster import classroom
+
+    reports, _ = graded
+    seen = {}
+
+    def fake_grade_class(folder, out, settings):
+        seen["learners"] = sorted(path.name for path in folder.iterdir())
+        return reports
+
+    monkeypatch.setattr(classroom, "grade_class", fake_grade_class)
+    monkeypatch.setenv("LABKIT_GRADING_SECRET", "test secret")
+    files = ["núñezjosé_LATE_1234_900001_00_start_here.ipynb", "doe jane_5678_900002_00_start_here.ipynb",
+             "README.txt"]
+    download = _download(tmp_path, files, as_zip=True)
+    out = tmp_path / "grades"
+    assert main(["grade", str(download), "--platform", "canvas", "--out", str(out), "--export", "canvas,moodle",
+                 "--canvas-column", "Lab 00 (42)", "--no-isolation"]) == 0
+    printed = capsys.readouterr().out
+    assert seen["learners"] == ["1234", "5678"]
+    assert "not placed: README.txt: its name does not follow canvas's naming" in printed
+    rows = list(csv.DictReader(io.StringIO((out / "canvas_grades.csv").read_text(encoding="utf-8"))))
+    assert sorted((row["ID"], row["Student"], row["Lab 00 (42)"]) for row in rows) == [("1234", "núñezjosé", "2"),
+                                                                                       ("5678", "doe jane", "4")]
+    assert load_intake(out).by_learner()["1234"].late is True and (out / "moodle_grading_worksheet.csv").is_file()
