@@ -127,8 +127,8 @@ def judge(exercise: Any, cases: Any, answers: Any, problem: str | None) -> Exerc
 
 # Which mistake runs here, on the grader's side, from the learner's outputs that came back through the wall, and
 # not inside it beside the cases: the learner's outputs already come back (the verdict needs them), and a mistake
-# is labkit's code computing what a wrong answer looks like, so inside the wall its verdict would be the learner's
-# kernel's to forge, and its outputs a step from labkit's answers, which never enter the wall.
+# is labkit's code computing what a wrong answer looks like: inside the wall its verdict would be the learner's
+# kernel's to forge, and a mistake's output is often one step from labkit's answer, which never enters the wall.
 def which_mistake(exercise: Any, cases: list[Any], failing: int, outcome_of: Any) -> dict[str, Any]:
     """The result's fields of a failed code exercise: its first failing case (``cases[failing]``) and the
     registered mistake the learner's function behaves like, by the check's own test
@@ -147,9 +147,9 @@ def which_mistake(exercise: Any, cases: list[Any], failing: int, outcome_of: Any
         return found  # no output to match: what went wrong is in the details
     candidates = list(matching_mistakes(exercise, case, outcome.value))
     if len(candidates) > 1:
-        answered = [(case, outcome_of(number, case)) for number, case in enumerate(cases) if number != failing]
-        answered = [(case, other.value) for case, other in answered
-                    if other.error is None and not other.timed_out and not other.called_forbidden]
+        others = [(other, outcome_of(number, other)) for number, other in enumerate(cases) if number != failing]
+        answered = [(other, said.value) for other, said in others
+                    if said.error is None and not said.timed_out and not said.called_forbidden]
 
         def behaves_like(index: int) -> bool:
             try:
