@@ -74,7 +74,7 @@ def test_a_file_handed_in_again_keeps_the_last():
 
 
 def test_bad_platform_pattern_or_download_is_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match="platform must be one of folder, canvas, moodle, blackboard, got 'gradescope'"):
+    with pytest.raises(ValueError, match="must be one of folder, canvas, moodle, blackboard, got 'gradescope'"):
         read_download(tmp_path, "gradescope", tmp_path / "stage")
     with pytest.raises(ValueError, match="named groups learner and file"):
         place("a_b.ipynb", "canvas", pattern=r"(?P<who>\w+)_(?P<file>.+)")

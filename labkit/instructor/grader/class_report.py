@@ -113,8 +113,9 @@ def _exercises_html(analysis: ClassAnalysis) -> str:
         if not summary.mistakes:
             continue
         widest = max(m.learners for m in summary.mistakes)
-        rows = "".join(f'<tr><td class=n>{m.learners}</td><td><span class=bar style="width:{80 * m.learners // widest}px">'
-                       f"</span></td><td>{'' if m.number is None else m.number}</td><td>{escape(m.hint)}</td></tr>"
+        rows = "".join(f"<tr><td class=n>{m.learners}</td><td><span class=bar "
+                       f'style="width:{80 * m.learners // widest}px"></span></td>'
+                       f"<td>{'' if m.number is None else m.number}</td><td>{escape(m.hint)}</td></tr>"
                        for m in summary.mistakes)
         parts.append(f"<table><tr><th>learners</th><th></th><th>mistake</th><th>hint the learner saw</th></tr>"
                      f"{rows}</table>")

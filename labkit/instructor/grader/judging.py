@@ -173,4 +173,5 @@ def prediction_found(exercise: Any, value: Any) -> dict[str, Any]:
 
     value = plain(value)
     truth = _prediction_answer(exercise.reference)
-    return {"answer": json_ready(value), "truth": json_ready(truth), "distance": printable(distance_words(truth, value))}
+    return {"answer": json_ready(value), "truth": json_ready(truth),
+            "distance": printable(distance_words(truth, value))}
