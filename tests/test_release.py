@@ -99,4 +99,5 @@ def test_labkit_installs_from_a_clone_at_the_named_ref(tmp_path):
     shown = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr[-2000:]
     version, where, n_labs = shown.stdout.split()
-    assert version == labkit.__version__ and Path(where).is_relative_to(venv) and int(n_labs) == 8
+    # the eight labs and the optional drills (lab 08)
+    assert version == labkit.__version__ and Path(where).is_relative_to(venv) and int(n_labs) == 9
