@@ -263,3 +263,17 @@ def test_min_p_random_cases_keep_away_from_the_bar():
         if 0 < threshold < 1:
             gaps = logits - logits.max(dim=-1, keepdim=True).values
             assert bool(((gaps - math.log(threshold)).abs() > lab08.MIN_P_MARGIN).all())
+
+
+def test_the_notebook_opens_with_the_progress_table_and_it_reads_the_saved_progress(tmp_path, monkeypatch):
+    from labkit.exercises import progress, summary
+
+    for notebook in (honest_corpus.solution("08"), honest_corpus.learner_copy("08")):
+        code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+        assert code[2] == 'summary("08")' and code[-1] == 'summary("08")'  # after the Colab and import cells
+    monkeypatch.setenv("LABKIT_PROGRESS", str(tmp_path / "progress.json"))
+    progress.record("08.rms_norm", "passed", 1, 1)
+    progress.record("08.repeat_kv", "failed", 0, 1)
+    rows = {row[0]: (row[2], row[3]) for row in summary("08").rows}
+    assert rows.pop("08.rms_norm") == ("passed", 1) and rows.pop("08.repeat_kv") == ("failed", 0)
+    assert set(rows.values()) == {("not attempted", 0)} and len(rows) == 10
