@@ -142,7 +142,7 @@ SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_gradi
 # test's notebooks (a scope each, under `make test`), then lab 02's notebooks and the other long files.
 FIRST = ("tests/test_instructor_grading_course.py", "tests/test_instructor_grading_attacks.py",
          *(f"tests/test_browser.py::TestLab{lab}" for lab in (
-    "01", "04", "06", "07", "02", "05", "00", "03")), "notebooks/solutions/02_", "notebooks/02_",
+    "01", "04", "06", "07", "02", "05", "00", "03", "08")), "notebooks/solutions/02_", "notebooks/02_",
          "tests/test_instructor_grading.py", "tests/test_reveals_run_all.py", "tests/test_reveals.py",
          "notebooks/solutions/04_", "notebooks/04_",
          "notebooks/solutions/06_", "notebooks/06_", "notebooks/solutions/01_", "notebooks/01_",
