@@ -60,6 +60,8 @@ def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):
     graded = next(r for r in report["exercises"] if r["id"] == "00.softmax_temperature")
     assert graded["status"] == "failed" and graded["points"] == 0
     assert any("divide the logits by T" in line for line in graded["details"])
+    # Which mistake, through the wall: the temperature unused is lab 00's fourth registered one.
+    assert graded["mistake_number"] == 4 and graded["mistake"].startswith("the temperature is not used"), graded
     errors = {e["cell"]: e["error"] for e in report["cell_errors"]}
     assert errors[answer + 1].startswith("ZeroDivisionError")
     assert errors[answer + 2].startswith("CellTimeout")
