@@ -41,10 +41,10 @@ def _as_learner(exercise, function):
 # ----- the registrations -----
 
 
-def test_twelve_drills_in_notebook_order_each_a_code_exercise_with_three_mistakes_or_more():
+def test_the_drills_in_notebook_order_each_a_code_exercise_with_three_mistakes_or_more():
     assert IDS == ["08.rms_norm", "08.apply_rotary", "08.causal_padding_mask", "08.repeat_kv", "08.cache_append",
                    "08.attend_one_query", "08.online_softmax", "08.min_p", "08.repetition_penalty",
-                   "08.pack_int4", "08.unpack_int4", "08.int4_groups"]
+                   "08.pack_int4", "08.unpack_int4", "08.int4_groups", "08.swiglu_mlp"]
     for exercise in DRILLS:
         assert exercise.kind == "code" and exercise.n_random == 25 and exercise.points == 1, exercise.id
         assert len(exercise.mistakes) >= 3 and len(exercise.hand_cases) >= 3, exercise.id
@@ -256,6 +256,24 @@ def test_int4_groups_is_labkits_affine_quantizer_per_group():
     assert lab08._int4_near_a_tie(torch.tensor([[0.0, 1.5, -1.0, 2.0]]), 4)  # s = 0.2: 1.5 / 0.2 = 7.5
 
 
+def test_swiglu_is_transformers_llama_mlp():
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    with torch.random.fork_rng():  # LlamaMLP's Linears draw their weights from torch's global generator
+        torch.manual_seed(11)
+        mlp = LlamaMLP(LlamaConfig(hidden_size=12, intermediate_size=20, num_attention_heads=2, hidden_act="silu"))
+    x = torch.randn(5, 12, generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        theirs = mlp(x)
+    ours = lab08.swiglu_mlp(x, mlp.gate_proj.weight.detach(), mlp.up_proj.weight.detach(), mlp.down_proj.weight.detach())
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    silu_one = 1 / (1 + math.exp(-1))  # silu(1) * 1 and silu(-2) * (-2), by hand
+    assert lab08.swiglu_mlp(torch.tensor([[1.0, -2.0]]), torch.eye(2), torch.eye(2), torch.eye(2))[0].tolist() == (
+        pytest.approx([silu_one, 4 / (1 + math.exp(2))], rel=1e-6))
+
+
 def test_min_p_random_cases_keep_away_from_the_bar():
     generator = torch.Generator().manual_seed(10)
     for _ in range(200):
@@ -276,4 +294,4 @@ def test_the_notebook_opens_with_the_progress_table_and_it_reads_the_saved_progr
     progress.record("08.repeat_kv", "failed", 0, 1)
     rows = {row[0]: (row[2], row[3]) for row in summary("08").rows}
     assert rows.pop("08.rms_norm") == ("passed", 1) and rows.pop("08.repeat_kv") == ("failed", 0)
-    assert set(rows.values()) == {("not attempted", 0)} and len(rows) == 10
+    assert set(rows.values()) == {("not attempted", 0)} and len(rows) == 11

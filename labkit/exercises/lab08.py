@@ -14,7 +14,8 @@ pieces, in the notebook's order, with the lab each belongs to:
 - the online softmax that FlashAttention computes blockwise (lab 06: attention over a long context);
 - min-p and a repetition penalty as transformers defines it (lab 01: the sampling filters);
 - packing and unpacking 4-bit codes two to a byte, and group-wise INT4 with scales and zero points (labs 03-05:
-  what a 4-bit weight costs in bytes and error).
+  what a 4-bit weight costs in bytes and error);
+- the SwiGLU MLP (lab 04: its product is the down_proj input where the largest activations appear).
 
 The references live here beside their cases: each is a few lines, used by this drill only, and checked by
 ``tests/test_exercises_lab08.py`` against an independent implementation where one exists (torch's
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from labkit.core import sampling
 from labkit.exercises import register
@@ -1021,7 +1023,77 @@ INT4_GROUPS = register(CodeExercise(
 ))
 
 
+
+# --------------------------------------------------------------------------------------------------------------
+# 08.swiglu_mlp (lab 04): the MLP of a Llama block, whose product is the down_proj input lab 04 finds outliers in
+
+
+def swiglu_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """The reference: down(silu(gate(x)) * up(x)), each projection a Linear without bias (weights [out, in]):
+    x [tokens, d_model], w_gate and w_up [d_ff, d_model], w_down [d_model, d_ff] -> [tokens, d_model].
+
+    >>> swiglu_mlp(torch.tensor([[1.0, -2.0]]), torch.eye(2), torch.eye(2), torch.eye(2)).mul(1000).round().tolist()
+    [[731.0, 477.0]]
+    """
+    wide = x.double()
+    product = F.silu(wide @ w_gate.double().T) * (wide @ w_up.double().T)  # [tokens, d_ff]: down_proj's input
+    return (product @ w_down.double().T).to(x.dtype)
+
+
+def _swiglu_case(generator: torch.Generator) -> Case:
+    tokens, d_model, d_ff = _draw(generator, 1, 4), _draw(generator, 2, 16), _draw(generator, 2, 32)
+    x = torch.randn(tokens, d_model, generator=generator) * 2
+    w_gate, w_up = (torch.randn(d_ff, d_model, generator=generator) * 0.5 for _ in range(2))
+    w_down = torch.randn(d_model, d_ff, generator=generator) * 0.5
+    return Case((x, w_gate, w_up, w_down), label=f"random x [{tokens}, {d_model}], d_ff {d_ff}")
+
+
+def _silu_on_up(x, w_gate, w_up, w_down):
+    return ((x @ w_gate.T) * torch.nn.functional.silu(x @ w_up.T)) @ w_down.T
+
+
+def _sigmoid_gate(x, w_gate, w_up, w_down):
+    return (torch.sigmoid(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
+def _gelu_gate(x, w_gate, w_up, w_down):
+    return (torch.nn.functional.gelu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
+def _no_activation(x, w_gate, w_up, w_down):
+    return ((x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+
+
+SWIGLU = register(CodeExercise(
+    id="08.swiglu_mlp",
+    title="Drill: the SwiGLU MLP of a Llama block",
+    function="swiglu_mlp",
+    reference=swiglu_mlp,
+    rtol=1e-5,
+    atol=1e-5,
+    hand_cases=(
+        Case((torch.tensor([[1.0, -2.0]]), torch.eye(2), torch.eye(2), torch.eye(2)),
+             label="identity weights: silu(x) * x = (0.731, 0.477)"),
+        Case((torch.zeros(2, 3), torch.ones(4, 3), torch.ones(4, 3), torch.ones(3, 4)),
+             label="x = 0 gives 0 (silu(0) = 0)"),
+        Case((torch.tensor([[2.0, 1.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 1.0]]),
+              torch.tensor([[1.0, 1.0], [1.0, -1.0], [0.5, 0.5]]), torch.tensor([[1.0, 1.0, 1.0], [0.0, 2.0, -1.0]])),
+             label="d_ff 3 > d_model 2: gate (2, 1, -1), up (3, 1, 1.5)"),
+    ),
+    random_case=_swiglu_case,
+    hints=("compute gate = x @ w_gate.T and up = x @ w_up.T ([tokens, d_ff]), multiply silu(gate) by up, and "
+           "project back with @ w_down.T",),
+    mistakes=(
+        Mistake("silu goes on the GATE projection (x @ w_gate.T); the up projection is multiplied in as it is",
+                _silu_on_up),
+        Mistake("silu(g) = g * sigmoid(g), not sigmoid(g) alone (that is the original GLU)", _sigmoid_gate),
+        Mistake("Llama's MLP uses silu (x * sigmoid(x)), not gelu", _gelu_gate),
+        Mistake("apply silu to the gate before multiplying it with up: without it the MLP is a product of two "
+                "linear maps", _no_activation),
+    ),
+))
+
 __all__ = ["ATTEND_ONE_QUERY", "CACHE_APPEND", "CAUSAL_MASK", "INT4_GROUPS", "MIN_P", "ONLINE_SOFTMAX", "PACK",
-           "REPEAT_KV", "REPETITION_PENALTY", "RMS_NORM", "ROTARY", "UNPACK", "apply_rotary", "attend_one_query",
-           "cache_append", "causal_padding_mask", "int4_groups", "keep_min_p", "online_softmax", "pack_int4",
-           "repeat_kv", "repetition_penalty", "rms_norm", "unpack_int4"]
+           "REPEAT_KV", "REPETITION_PENALTY", "RMS_NORM", "ROTARY", "SWIGLU", "UNPACK", "apply_rotary",
+           "attend_one_query", "cache_append", "causal_padding_mask", "int4_groups", "keep_min_p", "online_softmax",
+           "pack_int4", "repeat_kv", "repetition_penalty", "rms_norm", "swiglu_mlp", "unpack_int4"]
