@@ -245,3 +245,24 @@ def test_latent_attention_of_a_family_not_checked_against_its_cache_is_refused()
     assert spec.latent_attention and spec.n_params is None
     with pytest.raises(ValueError, match=r"multi-latent attention of 'minicpm3': .* checked for \['deepseek_v2', "):
         kv_cache_bytes(spec, 1, 10)
+
+
+def test_the_mlp_width_is_read_from_each_familys_field_or_its_default():
+    from labkit.core.memory import param_count
+    from labkit.core.spec import ModelSpec
+
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_inner": None, "vocab_size": 50257}
+    assert ModelSpec.from_config(gpt2).d_ff == 3072  # openai-community/gpt2's config.json: n_inner null, 4 x 768
+    opt = {"model_type": "opt", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12,
+           "ffn_dim": 3072, "vocab_size": 50272}
+    assert ModelSpec.from_config(opt).d_ff == 3072
+    falcon = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32,
+              "vocab_size": 65024}  # tiiuae/falcon-7b's config.json has no ffn_hidden_size: 4 x 4544
+    assert ModelSpec.from_config(falcon).d_ff == 18176
+    unknown = {"model_type": "made_up", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+               "vocab_size": 100}
+    spec = ModelSpec.from_config(unknown)
+    assert spec.d_ff is None
+    with pytest.raises(ValueError, match="needs the MLP width, and its config has none of intermediate_size, "
+                                         "ffn_hidden_size, n_inner, ffn_dim, decoder_ffn_dim"):
+        param_count(spec)

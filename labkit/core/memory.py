@@ -144,7 +144,8 @@ def check_shardable(spec: ModelSpec, layout: BlockLayout, tp: int) -> int:
     kv_heads = kv_heads_per_rank(spec, tp)
     instance("layout", layout, BlockLayout, "a BlockLayout")
     if spec.d_ff is None:
-        raise ValueError(f"spec.d_ff is None for {spec.name!r}: this count needs the MLP width")
+        raise ValueError(f"spec.d_ff is None for {spec.name!r}: this count needs the MLP width, and its config has "
+                         "none of intermediate_size, ffn_hidden_size, n_inner, ffn_dim, decoder_ffn_dim")
     if spec.d_ff % tp:
         raise ValueError(f"tp must divide d_ff ({spec.d_ff}), got {tp}")
     return kv_heads

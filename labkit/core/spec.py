@@ -160,7 +160,7 @@ class ModelSpec:
             head_dim=head_dim,
             vocab=first("vocab_size"),
             n_params=n_params if n_params is not None else _counted_params(cfg),
-            d_ff=first("intermediate_size", "ffn_hidden_size", "n_inner"),
+            d_ff=mlp_width(cfg, d_model),
             tied_embeddings=bool(first("tie_word_embeddings", default=False)),
             max_position_embeddings=first("max_position_embeddings", "n_positions"),
             sliding_window=sliding_window,
@@ -168,6 +168,27 @@ class ModelSpec:
             kv_uncounted=uncounted,
             **latent,
         )
+
+
+# Where each family writes its MLP's width (Llama's intermediate_size, Falcon's ffn_hidden_size, GPT-2's n_inner,
+# OPT's ffn_dim), and the families whose MLP is 4 x d_model when the field is unset or absent: GPT-2, GPT-J,
+# GPT-Neo and CodeGen leave n_inner None for it (their modeling: inner_dim = n_inner or 4 * hidden_size), Falcon its
+# ffn_hidden_size, and BLOOM has no field at all (BloomMLP: 4 * hidden_size).
+MLP_WIDTH_FIELDS = ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim", "decoder_ffn_dim")
+FOUR_TIMES_WIDTH = ("gpt2", "gptj", "gpt_neo", "codegen", "falcon", "bloom", "gpt_bigcode")
+
+
+def mlp_width(cfg: Mapping[str, Any], d_model: int) -> int | None:
+    """The MLP's hidden width from a config (:data:`MLP_WIDTH_FIELDS`), the family's 4 x ``d_model`` default
+    where it has one (:data:`FOUR_TIMES_WIDTH`), else None.
+
+    >>> mlp_width({"model_type": "gpt2", "n_inner": None}, 768), mlp_width({"ffn_dim": 3072}, 768)
+    (3072, 3072)
+    """
+    for key in MLP_WIDTH_FIELDS:
+        if isinstance(cfg.get(key), int):
+            return cfg[key]
+    return 4 * d_model if cfg.get("model_type") in FOUR_TIMES_WIDTH else None
 
 
 # Latent-attention families whose transformers cache holds the latent and the rotary key alone (modeling_deepseek_v2
