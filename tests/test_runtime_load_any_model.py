@@ -227,6 +227,14 @@ def test_a_bare_word_is_taken_for_a_mistyped_short_name():
         load_model("smollm2")
 
 
+@pytest.mark.parametrize("name, full", [("gpt2", "openai-community/gpt2"), ("GPT2-XL", "openai-community/gpt2-xl"),
+                                        ("distilgpt2", "distilbert/distilgpt2")])
+def test_a_well_known_bare_hub_name_is_answered_with_its_full_id(name, full):
+    with pytest.raises(ValueError, match=rf"^name '{name}' is the old bare hub id of '{full}', the repository's full "
+                                         rf"id today: load_model\('{full}'\)$"):
+        load_model(name)
+
+
 def test_a_hub_id_in_the_local_hub_cache_loads_offline_at_its_commit(folders, tmp_path, monkeypatch):
     import shutil
 

@@ -74,6 +74,13 @@ def known_models() -> dict[str, ModelSource]:
 # What the learner named
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "owner/name", as the hub spells repository ids
+# Well-known repositories the Hub once served under a bare name and now under their owner's (the Hub redirects the
+# old name; labkit takes ids as "owner/name" only, so it names the full one rather than guess).
+BARE_HUB_NAMES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl",
+                                                                  "openai-gpt")}
+BARE_HUB_NAMES.update({"distilgpt2": "distilbert/distilgpt2", "ctrl": "Salesforce/ctrl",
+                       "xlnet-base-cased": "xlnet/xlnet-base-cased", "opt-125m": "facebook/opt-125m",
+                       "pythia-160m": "EleutherAI/pythia-160m", "bloom-560m": "bigscience/bloom-560m"})
 _NOT_RECORDED = "not recorded by labkit: see the model's card"
 
 
@@ -113,6 +120,10 @@ def describe(name: Any, revision: Any = None, short_names: tuple[str, ...] = ())
                            repo_id=text)
     if not isinstance(name, str) or text.startswith((".", "/", "~")) or os.sep in text or text.endswith(".gguf"):
         raise ValueError(f"name {text!r} is no existing folder or file (looked in {Path.cwd()})")
+    full = BARE_HUB_NAMES.get(text.lower())
+    if full is not None:
+        raise ValueError(f"name {text!r} is the old bare hub id of {full!r}, the repository's full id today: "
+                         f"load_model({full!r})")
     # A bare word is most likely a mistyped short name: those are named first.
     raise ValueError(f"{validation.fail(ValueError, 'name', f'one of {sorted(short_names)}', name)} (or a hub id "
                      "'owner/name', a folder in transformers' layout, a .gguf file)")
