@@ -25,8 +25,11 @@ was given a ``Cache``, so :func:`forward` always gives it one. ``DynamicCache.cr
 ``-n`` tokens in every version (5.x accepts nothing else). The last-position shortcut is ``logits_to_keep``
 (``num_logits_to_keep`` in 4.46).
 
-Left out: padding and attention masks (every row of a batch has the same length), static and quantized caches,
-one model spread over several devices. Used by every lab that runs the model (00, 01, 02, 03, 05, 06).
+A batch of prompts of different lengths is left-padded, with an attention mask and position ids
+(:func:`forward`'s ``attention_mask`` and ``position_ids``; ``batching`` builds them); labkit's Llama forward decodes
+on a static cache allocated once (``kv_cache``); any architecture is read by its structure (``structure``: the
+blocks and linear layers activation capture and the weight formats work on). Left out: quantized KV caches, one
+model spread over several devices. Used by every lab that runs the model (00 to 07).
 """
 
 from labkit.runtime.cache import cache_bytes, cache_length, copy_cache, crop
