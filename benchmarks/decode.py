@@ -68,8 +68,8 @@ def main() -> None:
                 tokens[name] = new
         profiles = {name: profile_decode(engine, ids, threads=threads) for name, engine in engines.items()
                     if name.startswith("labkit")}
-        with llama.use_forward("transformers"):
-            profiles["transformers generate"] = profile_decode(lm, ids, threads=threads)
+        profiles["transformers generate"] = profile_decode(llama.with_forward(lm, "transformers"), ids,
+                                                           threads=threads)
     context = ids.shape[1] + NEW_TOKENS // 2
     read = {}
     for name, engine in engines.items():

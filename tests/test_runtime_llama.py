@@ -90,8 +90,8 @@ def test_greedy_tokens_equal_transformers_generate_on_the_course_prompts(embedde
     eos = embedded.tokenizer.eos_token_id
     for prompt_ids in course_prompts(embedded):
         ours = generate(embedded, prompt_ids, N_NEW, eos_token_id=eos).new_token_ids
-        with llama.use_forward("transformers"):
-            theirs = generate(embedded, prompt_ids, N_NEW, eos_token_id=eos).new_token_ids
+        theirs = generate(llama.with_forward(embedded, "transformers"), prompt_ids, N_NEW,
+                          eos_token_id=eos).new_token_ids
         stop = (ours[0] == eos).nonzero()
         compared = ours[:, :int(stop[0]) + 1] if len(stop) else ours  # steps after the end token are padding
         assert_clear_greedy_choices(embedded, prompt_ids, compared)
@@ -113,25 +113,22 @@ def test_left_padded_batches_match_each_request_alone(embedded):
 # Which forward runs
 
 
-def test_the_switch_chooses_the_forward_and_a_cache_keeps_its_own(embedded):
+def test_the_forward_is_chosen_at_load_and_held_on_the_model_and_a_cache_keeps_its_own(embedded, tiny):
+    from test_runtime_any_architecture import build
+
+    assert embedded.forward_name == "labkit" == llama.choose_forward(embedded.model)  # a plain Llama
+    assert llama.choose_forward(build("qwen2", embedded.tokenizer, seed=0).model) == "transformers"
     prompt_ids = embedded.text_ids("Water boils at")
-    assert llama.current_forward() == "labkit"
     _, ours = runtime.prefill(embedded, prompt_ids)
-    with llama.use_forward("transformers"):
-        assert llama.current_forward() == "transformers"
-        _, theirs = runtime.prefill(embedded, prompt_ids)
-        # a cache filled by labkit's forward continues on it, whatever the switch says now
-        _, ours = runtime.decode_one_token(embedded, prompt_ids[:, -1:], ours)
-    assert llama.current_forward() == "labkit"
+    through_transformers = llama.with_forward(embedded, "transformers")
+    assert through_transformers.model is embedded.model and embedded.forward_name == "labkit"  # shared, unchanged
+    _, theirs = runtime.prefill(through_transformers, prompt_ids)
+    # a cache filled by labkit's forward continues on it, whichever model object it is handed with
+    _, ours = runtime.decode_one_token(through_transformers, prompt_ids[:, -1:], ours)
     assert isinstance(ours, KVCache) and not isinstance(theirs, KVCache)
     assert runtime.cache_length(ours) == runtime.cache_length(theirs) + 1
-    switch = llama.use_forward("transformers")  # a plain call sticks until switched back
-    try:
-        assert llama.current_forward() == "transformers"
-    finally:
-        switch.__exit__(None, None, None)
     with pytest.raises(ValueError, match="name must be one of"):
-        llama.use_forward("vllm")
+        llama.with_forward(embedded, "vllm")
 
 
 def test_bare_modules_uncached_passes_and_hooked_models_run_transformers(embedded, tiny):
@@ -154,8 +151,7 @@ def test_the_early_exit_draft_is_labkits_decoder_cut_short(embedded):
     ours = runtime.forward(draft, prompt_ids, positions="all").logits
     reference = runtime.full_logits(truncated_model(embedded, 4), prompt_ids)
     assert (ours - reference).abs().max() <= logits_atol(embedded, reference)
-    with llama.use_forward("transformers"):
-        assert llama.early_exit(embedded, 4) is None
+    assert llama.early_exit(llama.with_forward(embedded, "transformers"), 4) is None
 
 
 def test_decoder_refuses_what_it_cannot_run(embedded, tiny):

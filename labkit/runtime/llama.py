@@ -13,9 +13,10 @@ oneDNN, and can hold its weights in BF16, INT8 or INT4 (:mod:`labkit.runtime.wei
 beyond its products (norms, rotary turn, attention over one query, the cache write: about 5,000 operator calls,
 5 to 7 ms on a 2-core CPU) is measured per operator by ``python -m benchmarks decode``.
 
-The runtime decodes the embedded model through it by default (``runtime.forward`` with a cache, hence ``generate``,
-the timing harness, batching, speculative decoding and its drafters); ``use_forward("transformers")`` switches
-back, as a call or a ``with`` block. Passes without a cache (scoring a text, capturing activations) and hooked or
+The runtime decodes a plain Llama through it (``runtime.forward`` with a cache, hence ``generate``, the timing
+harness, batching, speculative decoding and its drafters): the choice is made once, when the model loads
+(:func:`choose_forward`, held as the LoadedModel's ``forward_name``), and ``with_forward(lm, "transformers")`` gives
+the same model decoding through transformers' forward. Passes without a cache (scoring a text, capturing activations) and hooked or
 edited models stay on transformers. :func:`decoder` gives a LoadedModel that decodes in a chosen weight format.
 
 Left out: sliding windows, rope scaling beyond the model's own ``inv_freq``, biases, tensor parallelism,
@@ -27,7 +28,6 @@ that generates).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import weakref
@@ -205,35 +205,26 @@ class Llama(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Which forward the runtime uses: labkit's for a plain Llama, transformers' when switched or when it must
+# Which forward decodes a model: chosen once, when it loads, and held on the LoadedModel
 
 
-_current = ["labkit"]
+def choose_forward(module: torch.nn.Module) -> str:
+    """``"labkit"`` for a plain transformers Llama (:func:`_is_plain_llama`), else ``"transformers"``: what
+    ``load_model`` records as the model's ``forward_name``."""
+    return "labkit" if _is_plain_llama(module) else "transformers"
 
 
-class use_forward(contextlib.AbstractContextManager):
-    """The switch: ``use_forward("transformers")`` makes every later cached pass run transformers' forward;
-    ``use_forward("labkit")`` (the default) switches back. As a ``with`` block it lasts for the block only.
-
-    >>> with use_forward("transformers"):
-    ...     current_forward()
-    'transformers'
-    >>> current_forward()
-    'labkit'
-    """
-
-    def __init__(self, name: str):
-        validation.choice("name", name, FORWARDS)
-        self.previous = _current[0]
-        _current[0] = name
-
-    def __exit__(self, *exc: Any) -> None:
-        _current[0] = self.previous
+def with_forward(lm: Any, name: str) -> Any:
+    """The same LoadedModel (its module, tokenizer and weights shared) decoding through ``name``'s forward:
+    ``"transformers"`` always runs; ``"labkit"`` runs where the module is a plain Llama (elsewhere transformers'
+    forward still runs: labkit's reads a Llama's weights only)."""
+    validation.choice("name", name, FORWARDS)
+    return dataclasses.replace(lm, forward_name=name)
 
 
-def current_forward() -> str:
-    """``"labkit"`` or ``"transformers"``: what a new cached pass of the embedded model runs."""
-    return _current[0]
+def _forward_name(lm: Any) -> str:
+    """The forward a LoadedModel chose at load; a bare object holding a module (a test's) decodes as loaded would."""
+    return getattr(lm, "forward_name", "labkit")
 
 
 _decoders: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Llama]]" = weakref.WeakKeyDictionary()
@@ -286,14 +277,14 @@ def decoder_for(lm: Any, module: torch.nn.Module, cache: Any, use_cache: bool) -
     """The labkit decoder a pass runs on, or None for transformers' forward.
 
     A labkit module always runs itself; a labkit cache continues on the decoder that filled it. A new cached pass
-    of a LoadedModel runs labkit's forward when the switch says so and the model is a plain Llama; a bare
-    transformers module, a pass without a cache, and a hooked or edited model run transformers'.
+    of a LoadedModel runs labkit's forward when the model chose it at load (``forward_name``) and is still a plain
+    Llama; a bare transformers module, a pass without a cache, and a hooked or edited model run transformers'.
     """
     if isinstance(module, Llama):
         return module
     if isinstance(cache, KVCache):
         return shared_decoder(module)
-    if (cache is None and use_cache and _current[0] == "labkit" and not isinstance(lm, torch.nn.Module)
+    if (cache is None and use_cache and not isinstance(lm, torch.nn.Module) and _forward_name(lm) == "labkit"
             and _is_plain_llama(module)):
         return shared_decoder(module)
     return None
@@ -305,7 +296,7 @@ def early_exit(lm: Any, n_layers: int) -> Llama | None:
     module = lm if isinstance(lm, torch.nn.Module) else getattr(lm, "model", None)
     if isinstance(module, Llama):
         return module.truncated(n_layers)
-    if _current[0] == "labkit" and not isinstance(lm, torch.nn.Module) and _is_plain_llama(module):
+    if not isinstance(lm, torch.nn.Module) and _forward_name(lm) == "labkit" and _is_plain_llama(module):
         return shared_decoder(module).truncated(n_layers)
     return None
 
