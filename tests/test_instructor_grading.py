@@ -18,7 +18,7 @@ import labkit.exercises
 from labkit.exercises import exercises
 from labkit.exercises.definitions import Case, Exercise
 from labkit.instructor.cluster import classroom
-from labkit.instructor.grader import gradebook, grading, judging
+from labkit.instructor.grader import gradebook, grading, judging, review
 from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport, format_report, printable
 from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall import answering, worker
@@ -315,3 +315,22 @@ def test_grader_only_cases_run_in_the_grade_and_not_in_the_notebook_check():
         == "passed"
     graded = {r.id: r for r in grade_here("00", namespace, seed=5)}["00.softmax_temperature"]
     assert graded.status == "failed" and "masked tokens" in graded.details[0]
+
+
+def test_a_course_cell_the_learners_own_function_reads_is_run_though_tagged():
+    """The grader skips the course's tagged cells (they feed nothing the solution's answers need), but a learner's
+    function may use a name one of them binds (an import the solution did not need): that cell then runs."""
+    from labkit.instructor.authoring import GRADER_SKIPS_TAG
+
+    learner = nbformat.read(ROOT / "notebooks" / "05_memory_kv_cache.ipynb", as_version=4)
+    tagged = [index for index, cell in enumerate(learner.cells)
+              if cell.cell_type == "code" and GRADER_SKIPS_TAG in cell.metadata.get("tags", [])]
+    _, not_run = grading._without_measurements(learner, "05")
+    assert not_run == tagged and len(tagged) >= 10
+    # A tagged cell that binds a name, and a learner's kv-cache function (a graded name) that reads it.
+    index, name = next((index, name) for index in tagged
+                       for name in sorted(review.cell_names(learner.cells[index].source)[0]) if name.isidentifier())
+    function = next(exercise.function for exercise in exercises("05") if exercise.kind == "code")
+    learner.cells.append(nbformat.v4.new_code_cell(f"def {function}(*args, **kwargs):\n    return {name}\n"))
+    _, not_run = grading._without_measurements(learner, "05")
+    assert index not in not_run and set(not_run) < set(tagged), (index, name)

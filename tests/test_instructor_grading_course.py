@@ -98,40 +98,27 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     assert not any(word in " ".join(result.details) for word in ACCUSATIONS), result.details
 
 
-def _names(source: str) -> tuple[set[str], set[str]]:
-    """(names a cell binds anywhere, names it reads anywhere): generous on purpose, so a doubt keeps a cell run."""
-    import ast
-
-    from labkit.instructor.grader.review import _python_of
-
-    bound, read = set(), set()
-    for node in ast.walk(ast.parse(_python_of(source))):
-        if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-    return bound, read
-
-
 @pytest.mark.parametrize("lab", LABS)
 def test_the_cells_the_grader_skips_feed_nothing_that_is_graded(lab):
     """A course cell tagged for the grader to skip measures or draws for the reader only: no check, prediction or
     exercise is in it, no later cell the grader runs reads a name it binds, and both copies tag the same cells
-    (the grader matches a submission's cells to the learner copy's by source)."""
+    (the grader matches a submission's cells to the learner copy's by source). The build tags every such cell
+    (``labkit.instructor.grader.review.skippable_cells``); this restates the rule cell by cell."""
     from labkit.exercises import exercises
-    from labkit.instructor.grader.review import course_cells
+    from labkit.instructor.grader.review import cell_names, course_cells, skippable_cells
 
     graded_names = {exercise.function for exercise in exercises(lab)}
     skipped = course_cells(lab, GRADER_SKIPS_TAG)
-    for notebook in (honest_corpus.solution(lab), honest_corpus.learner_copy(lab)):
+    for notebook, is_solution in ((honest_corpus.solution(lab), True), (honest_corpus.learner_copy(lab), False)):
         code = [cell for cell in notebook.cells if cell.cell_type == "code"]
         tagged = [GRADER_SKIPS_TAG in cell.metadata.get("tags", []) for cell in code]
         assert {cell.source.strip() for cell, tag in zip(code, tagged) if tag} == skipped
+        if is_solution:  # the build tags by the solution's own code; the learner copy inherits its tags
+            # `labkit build` tags every cell the rule lets the grader skip, no fewer: no grading minute on them.
+            assert tagged == skippable_cells([cell.source for cell in code], graded_names)
         bound_by_skipped: set[str] = set()
         for cell, tag in zip(code, tagged):
-            bound, read = _names(cell.source)
+            bound, read = cell_names(cell.source)
             if tag:
                 assert "check(" not in cell.source and not bound & graded_names, cell.source[:80]
                 bound_by_skipped |= bound

@@ -186,6 +186,25 @@ def execute(notebook, cwd: Path, timeout_s: int = 600):
     return notebook
 
 
+def tag_grader_skips(notebook, lab: str) -> None:
+    """Tag :data:`GRADER_SKIPS_TAG` on exactly the code cells the grader may skip (the rule of
+    :func:`labkit.instructor.grader.review.skippable_cells`: they check nothing and feed nothing graded), so that a
+    submission's grading runs only what its answers need; the learner copy inherits the tags."""
+    from labkit.exercises import exercises
+    from labkit.instructor.grader.review import skippable_cells
+
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    skip = skippable_cells([cell.source for cell in code], {exercise.function for exercise in exercises(lab)})
+    for cell, skipped in zip(code, skip):
+        tags = [tag for tag in cell.metadata.get("tags", []) if tag != GRADER_SKIPS_TAG]
+        if skipped:
+            tags.append(GRADER_SKIPS_TAG)
+        if tags:
+            cell.metadata["tags"] = tags
+        else:
+            cell.metadata.pop("tags", None)
+
+
 def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = None) -> list[Path]:
     """Write ``notebooks/<name>`` for every ``notebooks/solutions/<name>``; returns the files written."""
     import nbformat
@@ -198,6 +217,7 @@ def build(root: Path, execute_notebooks: bool = False, only: list[str] | None = 
         solution = nbformat.read(solution_path, as_version=4)
         solution.metadata["kernelspec"] = dict(KERNELSPEC)
         write_colab_cell(solution)
+        tag_grader_skips(solution, solution_path.name.split("_", 1)[0])
         learner = learner_version(solution)
         learner_path = root / "notebooks" / solution_path.name
         if execute_notebooks:

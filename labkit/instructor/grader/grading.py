@@ -153,17 +153,24 @@ def grade_notebook(path: Path, settings: GradingSettings = GradingSettings()) ->
 def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[int]]:
     """The notebook to run, without the course's cells that only measure or draw for the reader (tagged
     :data:`~labkit.instructor.authoring.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
-    source: an edited cell is the learner's and runs), and those cells' indices; None when there are none."""
+    source: an edited cell is the learner's and runs; one binding a name the submission's cells read runs too), and
+    those cells' indices; None when there are none."""
     import copy
 
     import nbformat
 
+    from labkit.exercises import exercises
     from labkit.instructor.authoring import GRADER_SKIPS_TAG
-    from labkit.instructor.grader.review import course_cells
+    from labkit.instructor.grader.review import course_cells, skippable_cells
 
     skipped = course_cells(lab, GRADER_SKIPS_TAG)
-    not_run = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code" and
-               isinstance(cell.source, str) and cell.source.strip() in skipped]
+    code = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
+    sources = [source if isinstance(source := notebook.cells[index].source, str) else "" for index in code]
+    # Only where the submission's own cells read nothing the tagged cell binds (skippable_cells: the learner's
+    # function may use an import the solution did not need).
+    keep_out = skippable_cells(sources, {exercise.function for exercise in exercises(lab)},
+                               may_skip=[source.strip() in skipped for source in sources])
+    not_run = [index for index, skip in zip(code, keep_out) if skip]
     if not not_run:
         return None, []
     shipped = copy.deepcopy(notebook)

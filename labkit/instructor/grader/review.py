@@ -93,7 +93,7 @@ def review_notebook(notebook: Any, lab: str) -> list[Finding]:
             continue
         read += len(source)
         try:
-            tree = ast.parse(_python_of(source))
+            tree = ast.parse(python_of(source))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             if source.strip() not in course:
                 found.append(Finding(index, 1, "code that does not parse as Python"))
@@ -145,7 +145,7 @@ def refusals(notebook: Any, refused: Any) -> list[Finding]:
     return found
 
 
-def _python_of(source: str) -> str:
+def python_of(source: str) -> str:
     try:  # IPython's own rules turn magics and shell escapes into Python
         from IPython.core.inputtransformer2 import TransformerManager
 
@@ -155,6 +155,46 @@ def _python_of(source: str) -> str:
 
 
 @functools.cache  # read once per process: the review and the grader's skip both ask, for every submission
+def cell_names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell binds anywhere, names it reads anywhere): generous on purpose, so a doubt keeps a cell run.
+    Code that does not parse binds and reads everything it could: ``({"*"}, {"*"})``."""
+    try:
+        tree = ast.parse(python_of(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {"*"}, {"*"}
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return bound, read
+
+
+def skippable_cells(sources: list[str], graded_names: set[str], may_skip: list[bool] | None = None) -> list[bool]:
+    """For each code cell of a lab's notebook (in order, the Colab set-up cell first): whether the grader may skip
+    it. A cell may be skipped when it checks nothing (no ``check(``), binds none of ``graded_names`` (the lab's
+    exercise functions and answers) and binds nothing a later cell the grader runs reads; the first cell always runs;
+    with ``may_skip``, only the cells it marks are candidates. The largest such set, found from the last cell back.
+
+    The build tags it on the solution (a course's measurements and figures, whose minutes a submission's grading
+    then does not spend: lab 06's grading ran 250 s of cells, of which about 160 s feed nothing graded); the grader
+    applies it again to each submission, the tagged cells as candidates, so a learner's own function that reads a
+    name a tagged cell binds (an import the solution did not need) keeps that cell run."""
+    needed: set[str] = set()
+    skip = [False] * len(sources)
+    for index in range(len(sources) - 1, 0, -1):
+        bound, read = cell_names(sources[index])
+        if (may_skip is not None and not may_skip[index]) or "check(" in sources[index] or "*" in bound \
+                or bound & (graded_names | needed):
+            needed |= read
+        else:
+            skip[index] = True
+    return skip
+
+
 def course_cells(lab: str, tag: str | None = None) -> frozenset[str]:
     """The code cells of the course's own learner notebook of ``lab`` as shipped (those carrying ``tag``, if
     given): not the learner's writing, so not read (its setup cell installs packages, some cells import labkit's
