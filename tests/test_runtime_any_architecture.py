@@ -199,6 +199,13 @@ def test_a_model_of_unknown_layer_names_is_captured_as_linear_k_and_one_without_
     with pytest.raises(ValueError, match=r"lm must be a model whose decoder blocks hold linear layers.*blocks.0 is a "
                                          r"LayerNorm"):
         source_linears(holder)
+    first, second = torch.nn.Module(), torch.nn.Module()
+    first.a, second.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    holder.blocks = torch.nn.ModuleList([first, second])
+    with pytest.raises(ValueError, match=r"lm must be a model whose decoder blocks share at least one linear layer's "
+                                         r"name, got \"2 blocks with no name in common \(blocks.0: \['a'\], blocks.1: "
+                                         r"\['b'\]\)\""):
+        source_linears(holder)
 
 
 # ---------------------------------------------------------------------------------------------------------------

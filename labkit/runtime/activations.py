@@ -70,7 +70,12 @@ def source_linears(lm: Any) -> dict[str, str]:
         found.setdefault(source, name)
     everywhere = set.intersection(*(set(names) for names in per_block))
     ordered = [source for source in ROLES if source in found] + [source for source in found if source not in ROLES]
-    return {source: found[source] for source in ordered if found[source] in everywhere}
+    kept = {source: found[source] for source in ordered if found[source] in everywhere}
+    if not kept:
+        raise validation.fail(ValueError, "lm", "a model whose decoder blocks share at least one linear layer's name",
+                              f"{len(blocks)} blocks with no name in common ({blocks[0]}: {per_block[0][:4]}, "
+                              f"{blocks[-1]}: {per_block[-1][:4]})")
+    return kept
 
 
 @dataclass
