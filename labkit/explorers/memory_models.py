@@ -1,7 +1,8 @@
 """The models the KV-cache explorer (lab 05) sizes: a preset, a Hugging Face Hub id or a config.json path.
 
 :func:`read_model` reads a model's config alone (a hub id downloads config.json, a few kilobytes, never the
-weights; offline it needs a cached copy or a path) into a ModelSpec and the block layout its weights are counted
+weights, through the runtime's one reader of a model's identity, :mod:`labkit.runtime.sources`; offline it needs a
+cached copy or a path) into a ModelSpec and the block layout its weights are counted
 with, completed by transformers' config class where the installed transformers knows it (its defaults: Mistral's
 window, Gemma's tied embeddings). The explorer itself is :mod:`labkit.explorers.memory`. Left out: a revision other
 than the hub's main branch, and configs that need ``trust_remote_code`` (read as written, noted).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from labkit.core.configs import expert_param_count
 from labkit.core.memory import LLAMA, BlockLayout
 from labkit.core.presets import model_layout, model_preset, model_presets, model_source
 from labkit.core.spec import ModelSpec
+from labkit.runtime.sources import HubUnreachableError, ModelUnavailableError, describe, hub_config_path, is_hub_id
 
 
 # Block layouts (biases, norms, MLP kind) by a config's model_type, as transformers builds each family; checked
@@ -33,7 +34,6 @@ LAYOUTS = {
     "gemma3": BlockLayout(norms_per_layer=4, qk_norm=True),
     **{family: LLAMA for family in ("llama", "mistral", "phi3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3")},
 }
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 @dataclass(frozen=True)
@@ -47,21 +47,16 @@ class SizedModel:
 
 
 def _hub_config(repo_id: str) -> Path:
-    """config.json of a hub repository, downloaded once into the Hugging Face cache (no weights)."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
+    """config.json of a hub repository, read by the runtime's one reader of hub configs
+    (:func:`labkit.runtime.sources.hub_config_path`: the local hub cache first, then the hub; never the weights)."""
     instead = "or pass the path of a config.json instead: memory_explorer('path/to/config.json')"
     try:
-        return Path(hf_hub_download(repo_id, "config.json"))
-    except GatedRepoError:
-        raise ValueError(f"{repo_id} is gated on the Hugging Face Hub: accept its license there and log in "
-                         f"(hf auth login), {instead}") from None
-    except RepositoryNotFoundError:
-        raise ValueError(f"{repo_id} is not a model on the Hugging Face Hub (or is private), {instead}") from None
-    except LocalEntryNotFoundError:
-        raise ValueError(f"no network and {repo_id}'s config.json is not in the Hugging Face cache: connect once, "
-                         f"{instead}") from None
+        return Path(hub_config_path(describe(repo_id)))
+    except HubUnreachableError as error:
+        raise ValueError(f"no network and {repo_id}'s config.json is not in the Hugging Face cache ({error.reason}): "
+                         f"connect once, {instead}") from None
+    except ModelUnavailableError as error:
+        raise ValueError(f"{error}; {instead}") from None
 
 
 def _config_of(path: Path) -> tuple[dict[str, Any], str]:
@@ -92,7 +87,7 @@ def read_model(preset: str) -> SizedModel:
         path = path / "config.json"
     if path.is_file():
         name = path.parent.name or preset
-    elif path.suffix == ".json" or preset.startswith((".", "/", "~")) or not _HUB_ID.match(preset):
+    elif path.suffix == ".json" or preset.startswith((".", "/", "~")) or not is_hub_id(preset):
         raise ValueError(f"preset must be one of {sorted(model_presets())}, a hub id such as 'Qwen/Qwen3-32B' or "
                          f"the path of a config.json, got {preset!r} (no such preset or file)")
     else:

@@ -41,6 +41,14 @@ class ModelUnavailableError(RuntimeError):
     """A model cannot be loaded here; the message says why and what to do instead, in one line."""
 
 
+class HubUnreachableError(ModelUnavailableError):
+    """A hub file is not cached here and the hub cannot be reached now (``reason`` says why)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where a model comes from: a known model (one entry of ``data/models.json``) or one a learner named."""
@@ -154,13 +162,13 @@ def fetch_command(source: ModelSource) -> str:
     return f"hf download {source.repo_id}{pinned}"
 
 
-def offline_error(source: ModelSource, reason: str) -> ModelUnavailableError:
+def offline_error(source: ModelSource, reason: str) -> HubUnreachableError:
     """A hub model that is not cached here and cannot be downloaded now: what would fetch it, and the fallback."""
-    return ModelUnavailableError(
+    return HubUnreachableError(
         f"{source.repo_id}@{source.revision[:12]} is not in the local hub cache and the hub cannot be reached "
         f"({reason}): where there is a network (Colab has one) run `{fetch_command(source)}` (older huggingface_hub: "
         f"`huggingface-cli download {source.repo_id}`) or load it once, then it loads offline; "
-        f'or use the embedded model, which needs no network: load_model("{EMBEDDED}").'
+        f'or use the embedded model, which needs no network: load_model("{EMBEDDED}").', reason
     )
 
 
@@ -179,15 +187,25 @@ def model_config(source: ModelSource) -> dict[str, Any]:
             raise ModelUnavailableError(f"the folder {source.path} has no config.json, so it is not a model in "
                                         "transformers' layout (save_pretrained writes one)")
     else:
-        path = _hub_config(source)
+        path = hub_config_path(source)
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except ValueError as error:
         raise ModelUnavailableError(f"{path} is not readable JSON ({error})") from None
 
 
-def _hub_config(source: ModelSource) -> str:
-    """The local path of a hub model's config.json, downloading that one file if it is not cached."""
+def is_hub_id(name: str) -> bool:
+    """``name`` is spelled as a hub repository id, ``"owner/name"``.
+
+    >>> is_hub_id("Qwen/Qwen3-32B"), is_hub_id("gpt2"), is_hub_id("./config.json")
+    (True, False, False)
+    """
+    return bool(_HUB_ID.fullmatch(name))
+
+
+def hub_config_path(source: ModelSource) -> str:
+    """The local path of a hub model's config.json, downloading that one file if it is not cached (the one reader
+    of a hub config: ``load_model`` and the memory explorer both call it)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
