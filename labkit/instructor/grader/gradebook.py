@@ -110,7 +110,12 @@ def _same_code(learner: str, counted: dict[str, dict[str, SubmissionReport]]) ->
 
 def csv_text(reports: list[SubmissionReport]) -> str:
     """The gradebook as CSV text (write it with ``newline=""``, or as bytes, to keep it byte for byte)."""
-    columns, rows = gradebook(reports)
+    return table_csv(*gradebook(reports))
+
+
+def table_csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    """``rows`` under ``columns`` as CSV text, every cell on one line and never read as a formula by a spreadsheet
+    (the gradebook's, and the course platforms' files, :mod:`labkit.instructor.grader.platform_grades`)."""
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=columns)
     writer.writeheader()

@@ -20,13 +20,11 @@ Layer 5 (instructor tools).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-from labkit.instructor.grader.gradebook import csv_safe, gradebook, one_line
+from labkit.instructor.grader.gradebook import gradebook, table_csv
 from labkit.instructor.grader.platforms import Intake
 from labkit.instructor.grader.reports import SubmissionReport, summary_text
 
@@ -34,14 +32,6 @@ CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
 MOODLE_COLUMNS = ["Identifier", "Full name", "Email address", "Status", "Grade", "Maximum Grade",
                   "Grade can be changed", "Last modified (submission)", "Last modified (grade)", "Feedback comments"]
 EXPORTS = ("canvas", "moodle", "gradescope")
-
-
-def _csv(columns: list[str], rows: list[dict[str, Any]]) -> str:
-    text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows([{key: csv_safe(one_line(value)) for key, value in row.items()} for row in rows])
-    return text.getvalue()
 
 
 def _totals(reports: list[SubmissionReport]) -> dict[str, dict[str, Any]]:
@@ -56,7 +46,7 @@ def canvas_csv(reports: list[SubmissionReport], intake: Intake, column: str = "l
     totals = _totals(reports)
     rows = [{"Student": learner.name, "ID": learner.learner, "SIS User ID": "", "SIS Login ID": "", "Section": "",
              column: totals.get(learner.learner, {}).get("total", "")} for learner in intake.learners]
-    return _csv([*CANVAS_COLUMNS, column], rows)
+    return table_csv([*CANVAS_COLUMNS, column], rows)
 
 
 def moodle_csv(reports: list[SubmissionReport], intake: Intake) -> str:
@@ -70,7 +60,7 @@ def moodle_csv(reports: list[SubmissionReport], intake: Intake) -> str:
                      "Status": "Submitted for grading", "Grade": row.get("total", ""),
                      "Maximum Grade": row.get("max", ""), "Grade can be changed": "Yes",
                      "Last modified (submission)": "", "Last modified (grade)": "", "Feedback comments": notes})
-    return _csv(MOODLE_COLUMNS, rows)
+    return table_csv(MOODLE_COLUMNS, rows)
 
 
 def gradescope_results(report: SubmissionReport) -> dict[str, Any]:
