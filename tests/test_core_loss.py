@@ -126,3 +126,27 @@ def test_agrees_with_the_loss_transformers_returns(embedded):
         reference = embedded.model(token_ids, labels=token_ids).loss
     loss = cross_entropy(*align_next_token(full_logits(embedded, token_ids), token_ids))
     assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+
+
+def test_scored_spans_refuses_another_tokenizers_scores():
+    from types import SimpleNamespace
+
+    from labkit.core.loss import TextScore, scored_spans
+
+    corpus = SimpleNamespace(token_ids=torch.tensor([5, 6, 7, 8]), spans={"poem": (0, 2), "code": (2, 4)})
+
+    def scored(token_ids):
+        n_tokens = len(token_ids)
+        return TextScore(torch.tensor(token_ids), torch.zeros(n_tokens), torch.zeros(n_tokens),
+                         torch.zeros(n_tokens, dtype=torch.long))
+
+    assert scored_spans(corpus, scored([5, 6, 7, 8])) == {"poem": (0, 2), "code": (2, 4)}
+    # the same text cut by another tokenizer: other ids at the same positions, or more of them
+    with pytest.raises(ValueError) as other_ids:
+        scored_spans(corpus, scored([5, 6, 9, 8]))
+    assert str(other_ids.value).startswith("scores must have scored corpus's own tokens (scores.token_ids equal to "
+                                           "corpus.token_ids")
+    assert str(other_ids.value).endswith("got 4 token ids against corpus's 4, the first different at position 2 "
+                                         "(scores 9, corpus 7)")
+    with pytest.raises(ValueError, match="got 5 token ids against corpus's 4, the first 4 alike"):
+        scored_spans(corpus, scored([5, 6, 7, 8, 3]))

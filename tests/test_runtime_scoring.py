@@ -86,3 +86,32 @@ def test_the_scores_key_follows_the_settings_and_needs_a_verified_cache(embedded
     monkeypatch.setattr(scoring, "STRIDE", scoring.STRIDE // 2)
     assert scoring._scores_key(embedded, token_ids) != key
     assert scoring._scores_key(SimpleNamespace(source=embedded.source, origin="hub"), token_ids) is None
+
+
+def test_the_eval_text_is_cut_and_scored_by_the_model_it_is_given():
+    from toys import tiny_llama, tiny_tokenizer
+
+    from labkit.core.loss import scored_spans
+    from labkit.core.spec import ModelSpec
+    from labkit.core.texts import load_eval_text
+    from labkit.runtime.models import LoadedModel
+    from labkit.runtime.scoring import eval_text_scores
+    from labkit.runtime.sources import ModelSource
+
+    module, tokenizer = tiny_llama(max_position_embeddings=256), tiny_tokenizer()
+    source = ModelSource(name="tiny", title="tiny", kind="hub", source="built in the test", revision="none",
+                         license="none", chat=False)
+    lm = LoadedModel("tiny", module, tokenizer, ModelSpec.from_config(module.config, name="tiny", n_params=0),
+                     source, 0.0, "hub")
+    corpus, scores = eval_text_scores(lm)
+    # the word-level tokenizer's ids, section by section: the first section's first words, its span's length
+    story = load_eval_text()[0].text
+    assert corpus.token_ids[:5].tolist() == tokenizer(story, add_special_tokens=False)["input_ids"][:5]
+    assert corpus.spans["story"] == (0, len(tokenizer(story + "\n\n", add_special_tokens=False)["input_ids"]))
+    assert torch.equal(scores.token_ids, corpus.token_ids) and scored_spans(corpus, scores) == corpus.spans
+    assert (scores.window, scores.stride) == (256, 128)  # cut to the model's 256-token context, stride half
+    # the first window's tokens against transformers' own loss on them
+    first = corpus.token_ids[:256].unsqueeze(0)
+    with torch.inference_mode():
+        transformers_loss = module(first, labels=first).loss.item()
+    assert scores.mean_nll(1, 256) == pytest.approx(transformers_loss, rel=1e-5)

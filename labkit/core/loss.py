@@ -215,3 +215,33 @@ class TextScore:
     @property
     def n_scored(self) -> int:
         return int(self.token_ids.numel()) - 1
+
+
+def scored_spans(corpus: Any, scores: TextScore) -> dict[str, tuple[int, int]]:
+    """Each section's token span to slice ``scores`` with (``corpus.spans``: genre -> (start, end), end exclusive),
+    once ``scores`` is shown to have scored ``corpus``'s very tokens.
+
+    A span is a stretch of one tokenizer's ids: another tokenizer cuts the same text into other tokens, so its
+    scores sliced at these spans would average the wrong tokens, with no error. ``corpus`` is a
+    ``labkit.core.texts.TokenizedText`` (anything with ``token_ids`` and ``spans``).
+
+    >>> from types import SimpleNamespace
+    >>> corpus = SimpleNamespace(token_ids=torch.tensor([5, 6, 7]), spans={"poem": (0, 3)})
+    >>> scored_spans(corpus, SimpleNamespace(token_ids=torch.tensor([5, 6, 7])))
+    {'poem': (0, 3)}
+    >>> scored_spans(corpus, SimpleNamespace(token_ids=torch.tensor([5, 9, 7, 8])))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: scores must have scored corpus's own tokens (...), got 4 token ids ..., the first different at ...
+    """
+    scored, own = scores.token_ids.reshape(-1), corpus.token_ids.reshape(-1)
+    if torch.equal(scored, own):
+        return dict(corpus.spans)
+    shared = min(scored.numel(), own.numel())
+    different = (scored[:shared] != own[:shared]).nonzero()
+    where = ("the first different at position "
+             f"{int(different[0])} (scores {int(scored[different[0]])}, corpus {int(own[different[0]])})"
+             if different.numel() else f"the first {shared} alike")
+    raise ValueError("scores must have scored corpus's own tokens (scores.token_ids equal to corpus.token_ids, the "
+                     "same text through the same tokenizer: spans sliced into another tokenizer's scores pick the "
+                     f"wrong tokens), got {scored.numel()} token ids against corpus's {own.numel()}, {where}")

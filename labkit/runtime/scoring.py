@@ -11,7 +11,8 @@ The arithmetic (alignment, surprisal, the window rule, :class:`labkit.core.loss.
 
 Used by lab 01 (the sampling explorer's distribution), lab 02 (perplexity of the evaluation text) and lab 04 (what quantization costs in perplexity). Lab 02's
 one scoring of the evaluation text (:func:`eval_text_scores`, with its window, stride and settings) lives here, so
-the notebook and its checker read the same numbers; :class:`ScoringModel` is the model as a learner's own windowed
+the notebook and its checker read the same numbers of the embedded model, and a learner's own model is scored the
+same way, its text cut by its own tokenizer; :class:`ScoringModel` is the model as a learner's own windowed
 scorer sees it (every position's logits of one piece of text).
 """
 
@@ -207,29 +208,41 @@ TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.4, 1.6, 1.8, 2.0)
 TRUNCATIONS = {"top-k 50": dict(top_k=50), "top-p 0.9": dict(top_p=0.9)}
 
 
-@functools.lru_cache(maxsize=1)
-def eval_text_scores():
-    """(corpus, scores): the evaluation text tokenized by section and scored by the embedded model, once per machine.
+def eval_text_scores(lm: Any = None):
+    """(corpus, scores): the evaluation text tokenized by section with ``lm``'s tokenizer and scored by ``lm``.
 
-    ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-    truncations=TRUNCATIONS)``; lab 02 shows these numbers and grades the predictions about them. The scores are
-    kept in labkit's cache folder (``scores/``), keyed by everything they depend on (:func:`_scores_key`), so the
-    notebook's two copies, its checker and the tests read one scoring instead of each running the nine passes
-    and their statistics again; any change to the model's cache, the code, the versions or the settings scores
-    afresh.
+    ``lm``: a LoadedModel; None (the default) is the embedded model, whose scoring lab 02's checker grades the
+    predictions against. ``score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE,
+    temperatures=TEMPERATURES, truncations=TRUNCATIONS)``, the window cut to the model's context
+    (:func:`scoring_window`) and the stride kept at half the window. The corpus and its scores always come from one
+    tokenizer: a genre's span is a stretch of that tokenizer's tokens and slices only its own model's scores
+    (``labkit.core.loss.scored_spans`` refuses any other pair). The embedded model's scores are kept in labkit's
+    cache folder (``scores/``), keyed by everything they depend on (:func:`_scores_key`), so the notebook's two
+    copies, its checker and the tests read one scoring instead of each running the nine passes and their
+    statistics again; any change to the model's cache, the code, the versions or the settings scores afresh.
+    Another model is scored afresh each call (nothing says what its numbers depend on).
     """
+    if lm is None:
+        return _embedded_eval_text_scores()
     from labkit.core.texts import load_eval_text, tokenize_sections
-    from labkit.runtime.models import load_model
 
-    lm = load_model(progress=False)
     corpus = tokenize_sections(lm.tokenizer, load_eval_text())
     path = _scores_path(lm, corpus.token_ids)
     scores = _load_scores(path, corpus.token_ids)
     if scores is None:
-        scores = score_text(lm, corpus.token_ids, window=WINDOW, stride=STRIDE, temperatures=TEMPERATURES,
-                            truncations=TRUNCATIONS, progress=False)
+        window = scoring_window(lm)  # WINDOW, or the model's context when shorter
+        scores = score_text(lm, corpus.token_ids, window=window, stride=max(1, window * STRIDE // WINDOW),
+                            temperatures=TEMPERATURES, truncations=TRUNCATIONS, progress=False)
         _save_scores(path, scores)
     return corpus, scores
+
+
+@functools.lru_cache(maxsize=1)
+def _embedded_eval_text_scores():
+    """:func:`eval_text_scores` of the embedded model, once per process."""
+    from labkit.runtime.models import load_model
+
+    return eval_text_scores(load_model(progress=False))
 
 
 # The files whose code decides the numbers: the passes, the statistics, the filters, the window rule.
