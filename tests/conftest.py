@@ -143,6 +143,7 @@ SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_gradi
 # Longest first: the course's notebooks graded as a class and the attack suite's class (minutes each), the browser
 # test's notebooks (a scope each, under `make test`), then lab 02's notebooks and the other long files.
 FIRST = ("tests/test_instructor_grading_course.py", "tests/test_instructor_grading_attacks.py",
+         "tests/test_runtime_population.py::TestSweepFirstHalf", "tests/test_runtime_population.py::TestSweepSecondHalf",
          *(f"tests/test_browser.py::TestLab{lab}" for lab in (
     "01", "04", "06", "07", "02", "05", "00", "03", "08")), "notebooks/solutions/02_", "notebooks/02_",
          "tests/test_instructor_grading.py", "tests/test_reveals_run_all.py", "tests/test_reveals.py",
