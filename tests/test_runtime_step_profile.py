@@ -15,7 +15,7 @@ class Loaded:
 @pytest.mark.parametrize("forward", ["labkit", "transformers"])
 def test_a_step_splits_into_matmuls_and_the_rest(forward):
     lm = Loaded(tiny_llama())
-    lm.forward_name = forward  # as a LoadedModel holds it (llama.with_forward)
+    lm.decoder = llama.DECODERS[forward]  # as a LoadedModel holds it (llama.with_forward)
     profile = profile_decode(lm, random_token_ids(lm.model, 1, 5), steps=3, threads=1)
     assert profile.matmul_s > 0 and profile.other_s > 0 and 0 < profile.matmul_share < 1
     assert profile.step_s == pytest.approx(profile.matmul_s + profile.other_s)

@@ -34,7 +34,7 @@ from labkit.core.speculative import draw
 from labkit.runtime import crop, forward, module_of
 from labkit.runtime.capture import layer_names
 from labkit.runtime.forward import rollback_cache
-from labkit.runtime.llama import early_exit
+from labkit.runtime.llama import decoder_of, early_exit
 
 
 class Drafter:
@@ -230,12 +230,12 @@ class EarlyExit(_ModelDrafter):
         self.module: torch.nn.Module | None = None  # the truncated target (built at the first reset)
 
     def reset(self, lm: Any, token_ids: torch.Tensor) -> None:
-        forward_name = getattr(lm, "forward_name", None)
-        if self.module is None or self._target is not module_of(lm) or self._forward != forward_name:
-            # labkit's decoder cut short when the target decodes through it, else the transformers module cut short
+        target_decoder = None if isinstance(lm, torch.nn.Module) else decoder_of(lm)
+        if self.module is None or self._target is not module_of(lm) or self._decoder != target_decoder:
+            # the target's decoder cut short (labkit's), else the transformers module cut short
             draft = early_exit(lm, self.n_layers)
             self.module = draft if draft is not None else truncated_model(lm, self.n_layers)
-            self._target, self._forward = module_of(lm), forward_name
+            self._target, self._decoder = module_of(lm), target_decoder
         self.cache, self.cached = None, 0
 
 

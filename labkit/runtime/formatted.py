@@ -1,10 +1,11 @@
 """Any causal LM in a weight format: every linear layer of a private copy stored as BF16, INT8 or INT4, run by
 transformers' own forward.
 
-Lab 06 compares weight formats on the decoder that runs the model: labkit's Llama forward for a plain Llama
-(:func:`labkit.runtime.llama.decoder`), and for every other architecture this: a deep copy of the model in which each
-linear layer (every ``torch.nn.Linear`` and transformers ``Conv1D``, the output head included, found by
-:func:`labkit.runtime.structure.is_linear`) becomes the same format layer labkit's Llama uses
+Lab 06 compares weight formats on the decoder that runs the model (:func:`labkit.runtime.llama.decoder` asks the
+model's :class:`~labkit.runtime.decoder.Decoder`): labkit's Llama forward for a plain Llama, and for every other
+architecture transformers' forward (:class:`~labkit.runtime.decoder.TransformersDecoder`) over this: a deep copy of
+the model in which each linear layer (every ``torch.nn.Linear`` and transformers ``Conv1D``, the output head
+included, found by :func:`labkit.runtime.structure.is_linear`) becomes the same format layer labkit's Llama uses
 (:func:`labkit.runtime.weight_formats.make_linear`: torch's own ``_weight_int8pack_mm`` and
 ``_weight_int4pack_mm_for_cpu``, the CPU kernels torchao's weight-only configs call), its bias kept in float. The
 rest of the model (norms, embeddings, attention) is cast to bfloat16 with the BF16 and INT formats, as

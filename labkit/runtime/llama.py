@@ -14,9 +14,10 @@ beyond its products (norms, rotary turn, attention over one query, the cache wri
 5 to 7 ms on a 2-core CPU) is measured per operator by ``python -m benchmarks decode``.
 
 The runtime decodes a plain Llama through it (``runtime.forward`` with a cache, hence ``generate``, the timing
-harness, batching, speculative decoding and its drafters): the choice is made once, when the model loads
-(:func:`choose_forward`, held as the LoadedModel's ``forward_name``), and ``with_forward(lm, "transformers")`` gives
-the same model decoding through transformers' forward. Passes without a cache (scoring a text, capturing activations) and hooked or
+harness, batching, speculative decoding and its drafters): :class:`LlamaDecoder`, this forward's implementation of
+:class:`labkit.runtime.decoder.Decoder`, is chosen once, when the model loads (:func:`choose_decoder`), and held on
+the LoadedModel (``lm.decoder``, named by ``lm.forward_name``); ``with_forward(lm, "transformers")`` gives the same
+model on transformers' forward. Passes without a cache (scoring a text, capturing activations) and hooked or
 edited models stay on transformers. :func:`decoder` gives a LoadedModel that decodes in a chosen weight format.
 
 Left out: sliding windows, rope scaling beyond the model's own ``inv_freq``, biases, tensor parallelism,
@@ -37,11 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from labkit.core import validation
-from labkit.runtime.formatted import in_format
+from labkit.runtime.decoder import TRANSFORMERS, Decoder, is_plain_llama
 from labkit.runtime.kv_cache import KVCache, new_capacity
+from labkit.runtime.structure import module_of
 from labkit.runtime.weight_formats import FORMATS, bf16_fallback_reason, compute_dtype, make_linear, weight_bytes
-
-FORWARDS = ("labkit", "transformers")
 
 
 class RMSNorm(torch.nn.Module):
@@ -205,56 +205,77 @@ class Llama(torch.nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Which forward decodes a model: chosen once, when it loads, and held on the LoadedModel
+# Which forward decodes a model: a Decoder chosen once, when it loads, and held on the LoadedModel
+
+
+class LlamaDecoder(Decoder):
+    """labkit's readable forward (:class:`Llama`), for a plain transformers Llama
+    (:func:`labkit.runtime.decoder.is_plain_llama`).
+
+    A model that stops being plain after it loaded (hooked by a capture, cast, edited) is not read by it: its
+    passes run on transformers' forward, which calls the hooks and reads the edits, until it is plain again.
+    """
+
+    name = "labkit"
+
+    def runs_on(self, module: torch.nn.Module) -> Llama | None:
+        return shared_decoder(module) if is_plain_llama(module) else None
+
+    def cut(self, module: torch.nn.Module, n_layers: int) -> Llama | None:
+        return shared_decoder(module).truncated(n_layers) if is_plain_llama(module) else None
+
+    def in_format(self, lm: Any, weights: str) -> Any:
+        """A :class:`Llama` in ``weights`` (FP32: the runtime's own, :func:`shared_decoder`; the others quantized
+        once, here); a model that is not a plain Llama gets transformers' formats."""
+        validation.choice("weights", weights, FORMATS)
+        module = lm.model
+        if not is_plain_llama(module):
+            return TRANSFORMERS.in_format(lm, weights)
+        llama = shared_decoder(module) if weights == "fp32" else Llama(module, weights)
+        note = f"labkit's Llama forward, {weights} weights"
+        if weights == "bf16" and (reason := bf16_fallback_reason()) is not None:
+            note += f" on torch's plain bfloat16 matmul, which repacks each matrix at every call: {reason}"
+            print(f"BF16: {note}.")  # a learner comparing formats on such a machine must know its BF16 is not packed
+        return dataclasses.replace(lm, model=llama, notes=[*lm.notes, note], decoder=self)
+
+
+LABKIT = LlamaDecoder()
+DECODERS = {decoder.name: decoder for decoder in (LABKIT, TRANSFORMERS)}
+FORWARDS = tuple(DECODERS)
+
+
+def choose_decoder(module: torch.nn.Module) -> Decoder:
+    """:data:`LABKIT` for labkit's own :class:`Llama` or a plain transformers Llama, else :data:`TRANSFORMERS`:
+    what ``load_model`` holds as the model's ``decoder``."""
+    return LABKIT if isinstance(module, Llama) or is_plain_llama(module) else TRANSFORMERS
 
 
 def choose_forward(module: torch.nn.Module) -> str:
-    """``"labkit"`` for a plain transformers Llama (:func:`_is_plain_llama`), else ``"transformers"``: what
-    ``load_model`` records as the model's ``forward_name``."""
-    return "labkit" if _is_plain_llama(module) else "transformers"
+    """The name of :func:`choose_decoder`'s choice, ``"labkit"`` or ``"transformers"`` (a LoadedModel's
+    ``forward_name``)."""
+    return choose_decoder(module).name
+
+
+def decoder_of(lm: Any) -> Decoder:
+    """The decoder ``lm`` holds; an object holding a module without one (a test's stand-in) gets the decoder
+    ``load_model`` would choose for its module."""
+    held = getattr(lm, "decoder", None)
+    return held if isinstance(held, Decoder) else choose_decoder(module_of(lm))
 
 
 def with_forward(lm: Any, name: str) -> Any:
-    """The same LoadedModel (its module, tokenizer and weights shared) decoding through ``name``'s forward:
-    ``"transformers"`` always runs; ``"labkit"`` runs where the module is a plain Llama (elsewhere transformers'
-    forward still runs: labkit's reads a Llama's weights only)."""
+    """The same LoadedModel (its module, tokenizer and weights shared) decoding through ``name``'s forward
+    (:data:`DECODERS`): ``"transformers"`` always runs; ``"labkit"`` runs where the module is a plain Llama
+    (elsewhere transformers' forward still runs: labkit's reads a Llama's weights only)."""
     validation.choice("name", name, FORWARDS)
-    return dataclasses.replace(lm, forward_name=name)
-
-
-def _forward_name(lm: Any) -> str:
-    """The forward a LoadedModel chose at load; a bare object holding a module (a test's) decodes as loaded would."""
-    return getattr(lm, "forward_name", "labkit")
+    if isinstance(lm.model, Llama) and name != LABKIT.name:
+        raise ValueError(f"name must be {LABKIT.name!r} for a LoadedModel holding labkit's {lm.model.weights} "
+                         f"decoder (only labkit's forward runs it), got {name!r}")
+    return dataclasses.replace(lm, decoder=DECODERS[name])
 
 
 _decoders: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, Llama]]" = weakref.WeakKeyDictionary()
-_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj")
-
-
-def _inert(hook: Any) -> bool:
-    """A hook that does nothing outside transformers' own forward: transformers 5 installs these on the first call
-    with ``output_hidden_states=True`` and never removes them (they act only while its forward collects outputs)."""
-    return getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
-
-
-def _is_plain_llama(module: torch.nn.Module) -> bool:
-    """A transformers Llama whose layers are as loaded: float32, plain Linears, no hooks (a capture or an edit runs
-    through transformers, which calls them), no biases, SiLU."""
-    if type(module).__name__ != "LlamaForCausalLM" or module.training:
-        return False
-    if any(p.dtype != torch.float32 for p in module.parameters()):  # a model cast to BF16 or FP16 runs as cast
-        return False
-    config = module.config
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False) or config.hidden_act != "silu":
-        return False
-    if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks:
-        return False
-    for child in module.modules():
-        if any(not _inert(hook) for hook in (*child._forward_hooks.values(), *child._forward_pre_hooks.values())):
-            return False
-    return all(type(layer.get_submodule(name)) is torch.nn.Linear
-               for layer in module.model.layers for name in _LINEARS)
+_is_plain_llama = is_plain_llama  # the name tests/conftest.py reads
 
 
 def _fingerprint(module: torch.nn.Module) -> tuple:
@@ -277,38 +298,35 @@ def decoder_for(lm: Any, module: torch.nn.Module, cache: Any, use_cache: bool) -
     """The labkit decoder a pass runs on, or None for transformers' forward.
 
     A labkit module always runs itself; a labkit cache continues on the decoder that filled it. A new cached pass
-    of a LoadedModel runs labkit's forward when the model chose it at load (``forward_name``) and is still a plain
-    Llama; a bare transformers module, a pass without a cache, and a hooked or edited model run transformers'.
+    of a LoadedModel runs on what its decoder says (:meth:`Decoder.runs_on`); a bare transformers module and a
+    pass without a cache run transformers'.
     """
     if isinstance(module, Llama):
         return module
     if isinstance(cache, KVCache):
         return shared_decoder(module)
-    if (cache is None and use_cache and not isinstance(lm, torch.nn.Module) and _forward_name(lm) == "labkit"
-            and _is_plain_llama(module)):
-        return shared_decoder(module)
+    if cache is None and use_cache and not isinstance(lm, torch.nn.Module):
+        return decoder_of(lm).runs_on(module)
     return None
 
 
 def early_exit(lm: Any, n_layers: int) -> Llama | None:
     """labkit's decoder of ``lm`` cut after ``n_layers`` blocks when ``lm`` decodes through it, else None (the
     caller then cuts the transformers module)."""
-    module = lm if isinstance(lm, torch.nn.Module) else getattr(lm, "model", None)
+    module = module_of(lm)
     if isinstance(module, Llama):
         return module.truncated(n_layers)
-    if not isinstance(lm, torch.nn.Module) and _forward_name(lm) == "labkit" and _is_plain_llama(module):
-        return shared_decoder(module).truncated(n_layers)
-    return None
+    return None if isinstance(lm, torch.nn.Module) else decoder_of(lm).cut(module, n_layers)
 
 
 def decoder(lm: Any, weights: str = "fp32") -> Any:
     """A LoadedModel that decodes in the weight format ``weights`` (``"fp32"``, ``"bf16"``, ``"int8"``,
     ``"int4"``): the same tokenizer and spec; its ``model.weight_bytes`` the bytes a decode step reads.
 
-    A plain Llama decodes on a :class:`Llama` (every pass, cached or not, runs it): FP32 is the runtime's own
-    decoder of ``lm`` (:func:`shared_decoder`); the other formats hold their own weights (quantized once, here).
-    Any other architecture decodes on transformers' forward with every linear layer in the format
-    (:func:`labkit.runtime.formatted.in_format`).
+    The format is the one of ``lm``'s own decoder (:meth:`Decoder.in_format`): a plain Llama on labkit's forward
+    decodes on a :class:`Llama` (every pass, cached or not, runs it; FP32 is :func:`shared_decoder`'s); any other
+    model, and a Llama put on transformers' forward (:func:`with_forward`), decodes on transformers' forward with
+    every linear layer in the format (:func:`labkit.runtime.formatted.in_format`).
     """
     validation.choice("weights", weights, FORMATS)
     module = lm.model
@@ -318,14 +336,7 @@ def decoder(lm: Any, weights: str = "fp32") -> Any:
     if not isinstance(module, torch.nn.Module) or not hasattr(module, "config"):
         raise TypeError(f"lm must be a LoadedModel of a transformers causal LM (as load_model() returns), got one "
                         f"holding {type(module).__name__}")
-    if not _is_plain_llama(module):
-        return in_format(lm, weights)
-    llama = shared_decoder(module) if weights == "fp32" else Llama(module, weights)
-    note = f"labkit's Llama forward, {weights} weights"
-    if weights == "bf16" and (reason := bf16_fallback_reason()) is not None:
-        note += f" on torch's plain bfloat16 matmul, which repacks each matrix at every call: {reason}"
-        print(f"BF16: {note}.")  # a learner comparing formats on such a machine must know its BF16 is not packed
-    return dataclasses.replace(lm, model=llama, notes=[*lm.notes, note])
+    return decoder_of(lm).in_format(lm, weights)
 
 
 def run(llama: Llama, token_ids: torch.Tensor, cache: KVCache | None, positions: str | int, use_cache: bool,

@@ -29,7 +29,8 @@ from labkit.core.resources import cache_root
 from labkit.core.spec import ModelSpec
 from labkit.runtime.forward import model_copy
 from labkit.runtime.generation import draw_continuations, generate
-from labkit.runtime.llama import choose_forward
+from labkit.runtime.decoder import Decoder
+from labkit.runtime.llama import choose_decoder
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
 from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable,
                                     describe, hub_reachable, known_models, model_config, offline_error)
@@ -48,9 +49,19 @@ class LoadedModel:
     load_s: float  # wall time of this load_model() call
     origin: str  # "cache", "converted" (first load, cache written), "hub", "folder" or "gguf"
     notes: list[str] = field(default_factory=list)  # what happened on the way (cache rebuilt, ...)
-    # Which forward decodes it, chosen once at load (labkit.runtime.llama.choose_forward): "labkit" (its readable
-    # Llama forward, for a plain Llama checkpoint) or "transformers"; with_forward(lm, name) gives the other.
-    forward_name: str = "labkit"
+    # The forward that decodes it (labkit.runtime.decoder), chosen once at load (llama.choose_decoder: labkit's
+    # readable Llama forward for a plain Llama checkpoint, transformers' elsewhere; None here means "choose it");
+    # llama.with_forward(lm, name) gives the same model on the other.
+    decoder: Decoder | None = None
+
+    def __post_init__(self):
+        if self.decoder is None:
+            self.decoder = choose_decoder(self.model)
+
+    @property
+    def forward_name(self) -> str:
+        """The name of the forward that decodes it: ``"labkit"`` or ``"transformers"``."""
+        return self.decoder.name
 
     def chat_ids(self, prompt: str):
         """Token ids of a one-turn chat with the model's own template, ending where the reply starts."""
@@ -142,7 +153,7 @@ def load_model(name: str | Path = EMBEDDED, *, revision: str | None = None, reus
     n_params = sum(p.numel() for p in module.parameters())  # parameters() counts a tied matrix once
     spec = ModelSpec.from_config(module.config, name=source.title, n_params=n_params)
     loaded = LoadedModel(source.name, module, tokenizer, spec, source, time.perf_counter() - started, origin, notes,
-                         choose_forward(module))
+                         choose_decoder(module))
     _loaded[key] = loaded
     return loaded
 
