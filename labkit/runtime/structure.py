@@ -21,7 +21,8 @@ layer of any other class is refused with what was found, never guessed.
 
 Used by activation capture (lab 04, :mod:`labkit.runtime.activations`), the weight formats of any architecture
 (lab 06) and early-exit drafts (lab 07). Layer 2 (runtime). Left out: what a family does to a part after the split
-(rotary turns, QK norms, DBRX's and MPT's ``clip_qkv`` clamp): the parts are the fused layer's own outputs.
+(rotary turns, QK norms, a clamp): the parts are the fused layer's own outputs. Fused layers of families not in
+the table (DBRX's and MPT's ``Wqkv``, CodeGen's ``qkv_proj``, state-space ``in_proj``s) are refused until read.
 """
 
 from __future__ import annotations
