@@ -177,3 +177,21 @@ def test_a_cache_that_passes_its_manifest_but_does_not_load_is_rebuilt(cached, c
 def test_clear_cache_removes_every_model_cache(cached):
     _, _, directory, _ = cached
     assert weights_cache.clear_cache() == directory.parent and not directory.parent.exists()
+
+
+def test_ensuring_the_cache_builds_or_repairs_it_and_loads_nothing(packaged, monkeypatch, capsys):
+    # What the grader does before each submission: the cache the wall shows read-only, checked without a load.
+    source, module, directory = packaged
+    loaded = []
+    monkeypatch.setattr(weights_cache, "_load_cache", lambda path: loaded.append(path))
+    assert models.ensure_model_cache("tiny", progress=False) == directory
+    assert cache_problem(directory, weights_cache.expected_header(source, models.gguf_path(source))) is None
+    _truncate(directory / "model.safetensors")
+    capsys.readouterr()
+    assert models.ensure_model_cache("tiny", progress=False) == directory
+    said = capsys.readouterr().out
+    assert "Rebuilding the model cache" in said and "truncated" in said
+    assert cache_problem(directory, weights_cache.expected_header(source, models.gguf_path(source))) is None
+    assert loaded == []  # converted and verified, never loaded
+    with pytest.raises(ValueError, match=r"name must be a packaged model of known_models\(\) \(\['tiny'\]\), got 'gpt2'"):
+        models.ensure_model_cache("gpt2")

@@ -34,7 +34,8 @@ from labkit.runtime.llama import choose_decoder
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
 from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable,
                                     describe, hub_reachable, known_models, model_config, offline_error)
-from labkit.runtime.weights_cache import dequantize_gguf, gguf_tokenizer, load_verified, quiet_transformers
+from labkit.runtime.weights_cache import (dequantize_gguf, ensure_cached, gguf_tokenizer, load_verified,
+                                         quiet_transformers)
 
 
 @dataclass
@@ -156,6 +157,16 @@ def load_model(name: str | Path = EMBEDDED, *, revision: str | None = None, reus
                          choose_decoder(module))
     _loaded[key] = loaded
     return loaded
+
+
+def ensure_model_cache(name: str = EMBEDDED, *, progress: bool = True) -> Path:
+    """The verified on-disk cache of a packaged model (the embedded one by default), built when missing or
+    damaged, without loading the model into this process (``load_model`` would)."""
+    sources = known_models()
+    if name not in sources or sources[name].kind != "gguf-package":
+        raise ValueError(f"name must be a packaged model of known_models() "
+                         f"({sorted(n for n, s in sources.items() if s.kind == 'gguf-package')}), got {name!r}")
+    return ensure_cached(sources[name], gguf_path(sources[name]), progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -172,6 +172,19 @@ def _replace_dir(new: Path, target: Path) -> None:
     os.replace(new, target)
 
 
+def ensure_cached(source: ModelSource, gguf: Path, progress: bool) -> Path:
+    """The cache directory of a packaged model, converted (or repaired) first when its manifest or a checksum says
+    so, without loading it: for a process that only hands the cache to others (the grader's wall shows it read-only
+    to each submission), which need not spend the seconds and the half gigabyte a load takes."""
+    header = expected_header(source, gguf)
+    directory = cache_dir(source)
+    if (problem := cache_problem(directory, header)) is not None:
+        if directory.exists():
+            print(f"Rebuilding the model cache at {directory}: {problem}.")
+        _convert_to_cache(source, gguf, header, progress)
+    return directory
+
+
 def load_verified(source: ModelSource, gguf: Path, progress: bool):
     """``(module, tokenizer, origin, notes)`` of a packaged model from its cache, converting or repairing it first.
 

@@ -180,10 +180,11 @@ def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[i
 
 
 def _warm_model_cache() -> None:
-    """The embedded model's cache, built if missing: the wall lets a submission read it, never write it."""
-    from labkit.runtime.models import load_model
+    """The embedded model's cache, built if missing: the wall lets a submission read it, never write it. Checked,
+    not loaded: the grader's process does not run the model (a load cost each class worker seconds and 0.5 GB)."""
+    from labkit.runtime.models import ensure_model_cache
 
-    load_model(progress=False)
+    ensure_model_cache(progress=False)
 
 
 def _model_cache() -> list[Path]:
