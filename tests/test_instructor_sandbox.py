@@ -131,3 +131,25 @@ def test_a_busy_submission_is_held_to_its_share_beside_an_honest_one():
     # kernel's CFS bandwidth control holds it to the period (0.1 s), so a 25 % margin covers the edges.
     assert float(busy.log_tail.split()[-1]) <= 0.5 * 3 * 1.25, busy.log_tail
     assert steady.log_tail.split() == ["done"]
+
+
+def test_the_worker_reads_and_checks_notebooks_without_the_iri_grammars():
+    # The worker keeps jsonschema's optional IRI grammars out (1.5 s of CPU a submission): nbformat still reads
+    # and validates a notebook, and still refuses one that breaks its schema.
+    script = """
+import sys
+from labkit.instructor.wall.worker import keep_out_iri_grammars
+keep_out_iri_grammars()
+import nbformat
+notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")])
+nbformat.validate(nbformat.reads(nbformat.writes(notebook), as_version=4))
+notebook.cells[0]["execution_count"] = "one"
+try:
+    nbformat.validate(notebook)
+except nbformat.ValidationError:
+    print("refused")
+print(sys.modules.get("rfc3987_syntax", "absent"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "None"]  # the import was refused, not made

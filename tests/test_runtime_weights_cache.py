@@ -193,5 +193,15 @@ def test_ensuring_the_cache_builds_or_repairs_it_and_loads_nothing(packaged, mon
     assert "Rebuilding the model cache" in said and "truncated" in said
     assert cache_problem(directory, weights_cache.expected_header(source, models.gguf_path(source))) is None
     assert loaded == []  # converted and verified, never loaded
+    # Verified once per process: the checksums are read again only when a file changed.
+    read, digest = [], weights_cache._digest
+    monkeypatch.setattr(weights_cache, "_digest", lambda path: read.append(path.name) or digest(path))
+    models.ensure_model_cache("tiny", progress=False)
+    assert read == []
+    _truncate(directory / "model.safetensors")
+    capsys.readouterr()
+    models.ensure_model_cache("tiny", progress=False)
+    assert "model.safetensors" in read and "truncated" in capsys.readouterr().out
+    assert cache_problem(directory, weights_cache.expected_header(source, models.gguf_path(source))) is None
     with pytest.raises(ValueError, match=r"name must be a packaged model of known_models\(\) \(\['tiny'\]\), got 'gpt2'"):
         models.ensure_model_cache("gpt2")

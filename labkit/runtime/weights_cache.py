@@ -178,11 +178,27 @@ def ensure_cached(source: ModelSource, gguf: Path, progress: bool) -> Path:
     to each submission), which need not spend the seconds and the half gigabyte a load takes."""
     header = expected_header(source, gguf)
     directory = cache_dir(source)
+    if _VERIFIED.get(directory) == (seen := (_stat_signature(directory), header)):
+        return directory  # checked by this process, and no file changed since: the checksums are not read again
     if (problem := cache_problem(directory, header)) is not None:
         if directory.exists():
             print(f"Rebuilding the model cache at {directory}: {problem}.")
         _convert_to_cache(source, gguf, header, progress)
+        seen = (_stat_signature(directory), header)
+    _VERIFIED[directory] = seen
     return directory
+
+
+_VERIFIED: dict[Path, tuple] = {}  # directory -> (its files' signature, the header) when this process verified it
+
+
+def _stat_signature(directory: Path) -> tuple:
+    """What changes when a cache file is replaced, written or truncated: each file's name, size, inode and mtime."""
+    try:
+        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_ino, p.stat().st_mtime_ns)
+                            for p in directory.iterdir()))
+    except OSError:
+        return ()
 
 
 def load_verified(source: ModelSource, gguf: Path, progress: bool):

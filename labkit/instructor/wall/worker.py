@@ -229,7 +229,17 @@ def _not_dumpable() -> None:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
 
 
+def keep_out_iri_grammars() -> None:
+    """Keep ``rfc3987_syntax`` from being imported in this process. jsonschema (under nbformat) imports it when it
+    is installed (jupyter-events' format extras bring it), and it compiles 38 Lark grammars as it is imported:
+    1.5 s of CPU for every submission, for checks of the "iri" formats that no notebook schema uses. Without it,
+    jsonschema goes without those checks (its own ImportError path)."""
+    if "rfc3987_syntax" not in sys.modules:
+        sys.modules["rfc3987_syntax"] = None  # an import of it now raises ImportError
+
+
 def main(argv: list[str] | None = None) -> None:
+    keep_out_iri_grammars()
     parser = argparse.ArgumentParser(prog="python -m labkit.instructor.wall.worker")
     parser.add_argument("--job", type=Path, required=True)
     parser.add_argument("--lab", required=True)
