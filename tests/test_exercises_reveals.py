@@ -1,4 +1,5 @@
-"""The reveal guard (``labkit.exercises.reveals``) and the check's "Why:": an answer shows only once answered."""
+"""The reveal guard (``labkit.exercises.reveals``) and the check's "Why:": an answer shows, and is computed, only
+once answered."""
 
 from __future__ import annotations
 
@@ -19,12 +20,22 @@ def fresh_progress(tmp_path, monkeypatch):
     return path
 
 
-def test_a_reveal_body_runs_but_shows_nothing_until_its_prediction_is_answered(fresh_progress, capsys):
+def _reveal_cell(question, computed: list) -> dict:
+    """A reveal cell run as a notebook runs it: its body appends to ``computed`` (a side effect a test can see)
+    and binds ``decode_calls``; returns the namespace it ran in."""
+    namespace = {"reveal": reveal, "question": question, "computed": computed}
+    exec('if reveal(question):\n'
+         '    computed.append("decode")\n'
+         '    decode_calls = 8 - 1\n'
+         '    print(f"decode: {decode_calls}")\n', namespace)
+    return namespace
+
+
+def test_a_reveal_body_does_not_run_until_its_prediction_is_answered(fresh_progress, capsys):
     question = "06.predict_forward_calls"
-    with reveal(question) as shown:
-        decode_calls = 8 - 1
-        print(f"decode: {decode_calls}")
-    assert shown is False and decode_calls == 7  # the body ran: names it defines exist below
+    computed: list[str] = []
+    namespace = _reveal_cell(question, computed)
+    assert computed == [] and "decode_calls" not in namespace  # the body did not run: nothing computed or bound
     assert capsys.readouterr().out == waiting_message(question) + "\n"
 
     def forward_calls_after_prefill():
@@ -32,19 +43,31 @@ def test_a_reveal_body_runs_but_shows_nothing_until_its_prediction_is_answered(f
 
     check(question, {"forward_calls_after_prefill": forward_calls_after_prefill})  # not attempted
     capsys.readouterr()
-    with reveal(question):
-        print("decode: 7")
+    namespace = _reveal_cell(question, computed)
+    assert computed == [] and "decode_calls" not in namespace
     assert "decode: 7" not in capsys.readouterr().out
 
     check(question, {"forward_calls_after_prefill": lambda: "several"})  # malformed: no answer yet
     capsys.readouterr()
     assert not answered(question)
+    assert _reveal_cell(question, computed) and computed == []
+    capsys.readouterr()
 
     check(question, {"forward_calls_after_prefill": lambda: 3})  # well-formed, and wrong: answered all the same
     capsys.readouterr()
-    with reveal(question) as shown:
-        print("decode: 7")
-    assert shown is True and capsys.readouterr().out == "decode: 7\n"
+    namespace = _reveal_cell(question, computed)
+    assert computed == ["decode"] and namespace["decode_calls"] == 7
+    assert capsys.readouterr().out == "decode: 7\n"
+
+
+def test_reveal_returns_whether_the_body_may_run(fresh_progress, capsys):
+    assert reveal("06.predict_forward_calls") is False
+    assert capsys.readouterr().out == waiting_message("06.predict_forward_calls") + "\n"
+    progress.record("06.predict_forward_calls", "passed", 1, 1)
+    assert reveal("06.predict_forward_calls") is True and capsys.readouterr().out == ""
+    with pytest.raises(TypeError):  # the old form, `with reveal(...):`, fails at once rather than running the body
+        with reveal("06.predict_forward_calls"):
+            pass
 
 
 def test_a_stub_put_back_after_answering_keeps_the_answer_shown(fresh_progress):
@@ -54,19 +77,25 @@ def test_a_stub_put_back_after_answering_keeps_the_answer_shown(fresh_progress):
 
 
 def test_explorer_tasks_wait_until_no_answer_is_left_as_ellipsis(capsys):
-    with reveal({1: (12, ...), 2: 0.5}):
+    computed = []
+    if reveal({1: (12, ...), 2: 0.5}):
+        computed.append(1)
         print("1. 40 tokens")
-    assert capsys.readouterr().out == waiting_message({}) + "\n"
-    with reveal({1: (12, 30), 2: 0.5}):
+    assert computed == [] and capsys.readouterr().out == waiting_message({}) + "\n"
+    if reveal({1: (12, 30), 2: 0.5}):
+        computed.append(1)
         print("1. 40 tokens")
-    assert capsys.readouterr().out == "1. 40 tokens\n"
+    assert computed == [1] and capsys.readouterr().out == "1. 40 tokens\n"
     with pytest.raises(TypeError, match="question must be"):
         answered(6.1)
 
 
-def test_an_error_in_a_hidden_body_is_raised(fresh_progress):
+def test_an_error_in_a_body_is_raised_once_answered_and_never_reached_before(fresh_progress):
+    if reveal("06.predict_forward_calls"):
+        1 / 0
+    progress.record("06.predict_forward_calls", "passed", 1, 1)
     with pytest.raises(ZeroDivisionError):
-        with reveal("06.predict_forward_calls"):
+        if reveal("06.predict_forward_calls"):
             1 / 0
 
 

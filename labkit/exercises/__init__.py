@@ -5,8 +5,8 @@ Each lab registers its exercises in ``labkit/exercises/labNN.py``. A notebook's 
     check("00.softmax_temperature")
 
 which finds the learner's function by name in the notebook, runs :func:`labkit.exercises.checking.check_function`, shows
-the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status; ``with reveal("00.predict_tokenizer"):`` runs a reveal
-cell's body, showing its output only once that prediction is answered (``labkit.exercises.reveals``).
+the verdict, and saves it to the progress file. ``summary("00")`` lists a lab's exercises and their status; ``if reveal("00.predict_tokenizer"):`` lets a reveal
+cell's body run only once that prediction is answered (``labkit.exercises.reveals``).
 
 A lab whose exercise module fails to import is recorded, not raised: the other labs keep working, and the
 learner reads which lab could not be loaded and why (a problem on labkit's side, never in their code).

@@ -1,18 +1,20 @@
-"""The guard every reveal cell runs under: its output exists only once the learner has answered.
+"""The guard every reveal cell runs under: what it computes runs only once the learner has answered.
 
 A cell tagged ``reveal`` (``labkit.instructor.authoring``) computes and prints the answer to a question asked above
 it. The learner copy is committed with it empty and collapsed, but a learner who presses Run All, or runs it by
-hand, would see the answer printed right under a check that says NOT ATTEMPTED. So the cell's body runs inside::
+hand, would see the answer printed right under a check that says NOT ATTEMPTED. So the cell's body sits under::
 
-    with reveal("06.predict_forward_calls"):
+    if reveal("06.predict_forward_calls"):
         ...
 
-which shows what the body prints or displays only once that prediction has a well-formed answer on record (its
-check said ANSWERED, now or in an earlier session: the progress file), and otherwise prints one line, ``answer
-06.predict_forward_calls first: ...``, and discards everything else the body prints, displays or draws. The body
-still runs, so every name it defines exists for the cells below (a later cell, or the grader, may use them) and a
-Run All goes on to the end. For a lab's ungraded explorer tasks, ``reveal(explorer_answers)`` waits until no answer
-is still ``...``.
+and runs only once that prediction has a well-formed answer on record (its check said ANSWERED, now or in an
+earlier session: the progress file). Until then :func:`reveal` prints one line, ``answer
+06.predict_forward_calls first: ...``, and the body does not run at all: the answer is neither printed nor
+computed, and none of the names the body defines exists. So a reveal holds only what shows the answer; anything a
+later cell reads (an import, a model preset, the text a later section scores) is computed in a cell before it,
+quietly. A reveal may read what an earlier reveal of the same question defined: both wait for the same answer.
+The grader, which reads no progress file, never runs a reveal's body. For a lab's ungraded explorer tasks,
+``if reveal(explorer_answers):`` waits until no answer is still ``...``.
 
 What it leaves out: a prediction asked in prose only ("Predict before you run the next cell") has no answer to wait
 for; its cell is a reveal (committed empty) without this guard, unless its output would name a registered
@@ -23,9 +25,6 @@ Layer 4 (exercises).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import sys
 from typing import Any
 
 from labkit.exercises import progress
@@ -75,49 +74,19 @@ def waiting_message(question: str | dict) -> str:
             "then run this cell again")
 
 
-class _Discarded:
-    """Everything a body prints (stdout, stderr), displays (IPython's display) or draws (pyplot) goes nowhere."""
+def reveal(question: str | dict) -> bool:
+    """Whether a reveal cell's body may run: True once ``question`` is answered (:func:`answered`); otherwise it
+    prints :func:`waiting_message` and returns False, and the body under ``if reveal(...):`` is skipped.
 
-    def __enter__(self) -> None:
-        self._stack = contextlib.ExitStack()
-        self._stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-        self._stack.enter_context(contextlib.redirect_stderr(io.StringIO()))
-        try:
-            from IPython import get_ipython
-            from IPython.utils.capture import capture_output
-        except ImportError:
-            pass
-        else:
-            if get_ipython() is not None:
-                self._stack.enter_context(capture_output(stdout=False, stderr=False, display=True))
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        self._figures = set(pyplot.get_fignums()) if pyplot is not None else None
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if pyplot is not None:  # the inline backend would show a figure the body opened at the cell's end
-            for number in set(pyplot.get_fignums()) - (self._figures or set()):
-                pyplot.close(number)
-
-
-@contextlib.contextmanager
-def reveal(question: str | dict):
-    """Run a reveal cell's body, showing its output only once ``question`` is answered (:func:`answered`).
-
-    Yields whether the answer is shown. An error in the body is raised either way (it is labkit's to fix).
-
-    >>> with reveal({1: ...}):  # doctest: +NORMALIZE_WHITESPACE
+    >>> if reveal({1: ...}):  # doctest: +NORMALIZE_WHITESPACE
     ...     print("the answer is 4")
     answer the tasks above first: replace each ... in explorer_answers and run that cell;
     then run this cell again
-    >>> with reveal({1: 5}):
+    >>> if reveal({1: 5}):
     ...     print("the answer is 4")
     the answer is 4
     """
     if answered(question):
-        yield True
-        return
+        return True
     print(waiting_message(question))
-    with _Discarded():
-        yield False
+    return False
