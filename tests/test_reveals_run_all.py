@@ -65,7 +65,7 @@ def run_all(path: Path, progress_file: Path, probe: set[str] | None = None) -> d
     executed = json.loads(nbformat.writes(notebook))
     if probe is not None:
         probe_cell = executed["cells"].pop()
-        printed = "".join(output.get("text", "") for output in probe_cell.get("outputs", []))
+        printed = "".join("".join(output.get("text", "")) for output in probe_cell.get("outputs", []))
         executed["probed"] = json.loads(printed)
     return executed
 
