@@ -172,33 +172,42 @@ def _replace_dir(new: Path, target: Path) -> None:
     os.replace(new, target)
 
 
-def ensure_cached(source: ModelSource, gguf: Path, progress: bool) -> Path:
-    """The cache directory of a packaged model, converted (or repaired) first when its manifest or a checksum says
-    so, without loading it: for a process that only hands the cache to others (the grader's wall shows it read-only
-    to each submission), which need not spend the seconds and the half gigabyte a load takes."""
-    header = expected_header(source, gguf)
-    directory = cache_dir(source)
-    if _VERIFIED.get(directory) == (seen := (_stat_signature(directory), header)):
-        return directory  # checked by this process, and no file changed since: the checksums are not read again
-    if (problem := cache_problem(directory, header)) is not None:
-        if directory.exists():
-            print(f"Rebuilding the model cache at {directory}: {problem}.")
-        _convert_to_cache(source, gguf, header, progress)
-        seen = (_stat_signature(directory), header)
-    _VERIFIED[directory] = seen
-    return directory
-
-
 _VERIFIED: dict[Path, tuple] = {}  # directory -> (its files' signature, the header) when this process verified it
 
 
 def _stat_signature(directory: Path) -> tuple:
     """What changes when a cache file is replaced, written or truncated: each file's name, size, inode and mtime."""
     try:
-        return tuple(sorted((p.name, p.stat().st_size, p.stat().st_ino, p.stat().st_mtime_ns)
-                            for p in directory.iterdir()))
+        return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_ino, st.st_mtime_ns) for p in directory.iterdir()))
     except OSError:
         return ()
+
+
+def _repair(source: ModelSource, gguf: Path, header: dict[str, Any], progress: bool) -> tuple[bool, str | None]:
+    """Convert the GGUF into the cache when the manifest or a checksum says the cache is missing or damaged:
+    (whether it was converted, the note printed when an existing cache was rebuilt)."""
+    directory = cache_dir(source)
+    problem = cache_problem(directory, header)
+    if problem is None:
+        return False, None
+    note = f"Rebuilding the model cache at {directory}: {problem}." if directory.exists() else None
+    if note:
+        print(note)
+    _convert_to_cache(source, gguf, header, progress)
+    return True, note
+
+
+def ensure_cached(source: ModelSource, gguf: Path, progress: bool) -> Path:
+    """The cache directory of a packaged model, converted (or repaired) first when its manifest or a checksum says
+    so, without loading it: for a process that only hands the cache to others (the grader's wall shows it read-only
+    to each submission), which need not spend the seconds and the half gigabyte a load takes. Verified once per
+    process: the checksums are read again only when a file changed."""
+    header = expected_header(source, gguf)
+    directory = cache_dir(source)
+    if _VERIFIED.get(directory) != (_stat_signature(directory), header):
+        _repair(source, gguf, header, progress)
+        _VERIFIED[directory] = (_stat_signature(directory), header)
+    return directory
 
 
 def load_verified(source: ModelSource, gguf: Path, progress: bool):
@@ -209,15 +218,9 @@ def load_verified(source: ModelSource, gguf: Path, progress: bool):
     """
     header = expected_header(source, gguf)
     directory = cache_dir(source)
-    notes: list[str] = []
-    problem = cache_problem(directory, header)
-    origin = "cache"
-    if problem is not None:
-        if directory.exists():
-            notes.append(f"Rebuilding the model cache at {directory}: {problem}.")
-            print(notes[-1])
-        _convert_to_cache(source, gguf, header, progress)
-        origin = "converted"
+    converted, note = _repair(source, gguf, header, progress)
+    notes: list[str] = [note] if note else []
+    origin = "converted" if converted else "cache"
     try:
         module, tokenizer = _load_cache(directory)
     except Exception as error:  # noqa: BLE001 - a cache that passes its manifest but does not load is rebuilt once
