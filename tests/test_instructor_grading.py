@@ -46,7 +46,9 @@ def test_a_broken_submission_is_graded_anyway(tmp_path, embedded):
     new = nbformat.v4.new_code_cell
     notebook.cells += [
         new("1 / 0"),                      # an error: the run goes on
-        new("while True:\n    pass"),      # never ends: interrupted at the cell time limit
+        # Never ends: interrupted at the cell time limit. It sleeps rather than spins: the interrupt is the same, and
+        # a spinning loop cost 20 s of CPU (the limit twice: the fresh run after the kernel's death runs it again).
+        new("import time\nwhile True:\n    time.sleep(0.5)"),
         new("import os\nos._exit(3)"),     # kills the kernel: skipped on a fresh run
     ]
     submission = tmp_path / "00_start_here.ipynb"
