@@ -74,26 +74,32 @@ _ZYGOTE = textwrap.dedent("""
 
 
 class _Zygote:
-    """The warmed interpreter children are forked from: one per test process, started on first use."""
+    """The warmed interpreter children are forked from: one per test process, started on first use (and again
+    should it have ended: a child it forked could kill its parent)."""
 
+    _process: subprocess.Popen | None = None
     _control: socket.socket | None = None
 
     @classmethod
     def fork(cls, kernel_end: int) -> "_Child":
-        if cls._control is None:
-            ours, theirs = socket.socketpair()
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-            subprocess.Popen([sys.executable, "-c", _ZYGOTE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                             env=env, stdin=subprocess.DEVNULL)
-            theirs.close()
-            if ours.recv(16) != b"ready":
-                raise RuntimeError("the answering harness's zygote did not start (its error is above)")
-            cls._control = ours
+        if cls._process is None or cls._process.poll() is not None:
+            cls._start()
         stdin, stdout = os.pipe(), os.pipe()
         socket.send_fds(cls._control, [str(kernel_end).encode()], [stdin[0], stdout[1], kernel_end])
         os.close(stdin[0])
         os.close(stdout[1])
         return _Child(int(cls._control.recv(32)), os.fdopen(stdin[1], "w"), os.fdopen(stdout[0]))
+
+    @classmethod
+    def _start(cls) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+        cls._process = subprocess.Popen([sys.executable, "-c", _ZYGOTE, str(theirs.fileno())],
+                                        pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        if ours.recv(16) != b"ready":
+            raise RuntimeError("the answering harness's zygote did not start (its error is above)")
+        cls._control = ours
 
 
 @dataclass
