@@ -11,8 +11,8 @@ static read plus what the hook refused. One child per submission: an audit hook 
 The children are forked from one warmed interpreter per test process (:class:`_Zygote`), which has imported what a
 kernel has imported by the time the worker's first cell has run (IPython, torch, labkit's exercises and the
 answering step) and nothing more: each child is as fresh as a new process where it matters (no hook, no thread
-besides its own, nothing of a learner's) without paying 2 s of CPU to import torch again (28 tests, about 50 s of
-CPU in ``make test``).
+besides its own, nothing of a learner's) without paying 2 s of CPU to import torch again (the 35 answering tests: 94 s of CPU
+before, 57 s after, measured).
 """
 
 from __future__ import annotations
