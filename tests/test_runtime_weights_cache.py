@@ -90,6 +90,30 @@ def test_corrupted_byte_is_detected(cached):
     assert "does not match its checksum" in cache_problem(directory, header)
 
 
+def test_a_file_whose_stat_is_unchanged_is_not_read_again_and_any_write_is_seen(cached, monkeypatch):
+    # The digests are read once; a later check compares each file's stat with verified.json instead (0.9 s less for
+    # every process that loads the embedded model). A flipped byte with its modification time set back still
+    # changes the file's change time, which no program can set: the digest is read again and the flip found.
+    _, _, directory, header = cached
+    assert cache_problem(directory, header) is None
+    recorded = json.loads((directory / weights_cache.VERIFIED).read_text())
+    assert sorted(recorded) == sorted(json.loads((directory / "manifest.json").read_text())["files"])
+    read, digest = [], weights_cache._digest
+    monkeypatch.setattr(weights_cache, "_digest", lambda path: read.append(path.name) or digest(path))
+    assert cache_problem(directory, header) is None and read == []
+    path = directory / "model.safetensors"
+    before = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(before.st_size // 2)
+        byte = handle.read(1)
+        handle.seek(before.st_size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    assert "does not match its checksum" in cache_problem(directory, header)
+    assert read == ["model.safetensors"]
+
+
 def test_truncation_missing_manifest_and_version_change_are_detected(cached):
     _, _, directory, header = cached
     assert f"made with transformers='{header['transformers']}', this is '0.0.1'" in cache_problem(
