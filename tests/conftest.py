@@ -137,7 +137,6 @@ SLOW = ("tests/test_instructor_grading_attacks.py", "tests/test_instructor_gradi
         # over ten seconds each in `make quick` (2026-12-07, a 2-core AMD EPYC): 13 to 15 s
         "tests/test_runtime_llama.py::test_each_format_stays_within_its_stated_distance_of_fp32",
         "tests/test_runtime_llama.py::test_greedy_tokens_equal_transformers_generate_on_the_course_prompts",
-        "tests/test_runtime_models.py::test_the_real_cache_is_intact_readable_and_equal_to_a_direct_gguf_load",
         # issue #49's population sweep: 196 architectures, 182 s alone on a 2-core AMD EPYC (451 s at load 5)
         "tests/test_runtime_population.py")
 # Longest first: the course's notebooks graded as a class and the attack suite's class (minutes each), the browser

@@ -17,6 +17,7 @@ from alignment import logits_atol
 from labkit.core import memory
 from labkit.core.presets import model_preset
 from labkit.core.resources import cache_root
+from labkit import runtime
 from labkit.runtime import models, sources
 from labkit.runtime.generation import full_logits, generate
 from labkit.runtime.models import ModelUnavailableError, gguf_path, known_models, load_model
@@ -83,10 +84,13 @@ def test_the_embedded_gguf_file_by_path_agrees_with_the_embedded_model(embedded)
     assert (lm.source.kind, lm.origin, lm.source.chat) == ("gguf-file", "gguf", True)
     assert (lm.spec.n_layers, lm.spec.d_model, lm.spec.n_kv_heads, lm.spec.vocab, lm.spec.n_params) == (
         30, 576, 3, 49152, embedded.spec.n_params)
+    # The embedded model's cache holds exactly what transformers dequantizes from this file, bit for bit.
+    cached = runtime.module_of(embedded).state_dict()
+    for name, tensor in runtime.module_of(lm).state_dict().items():
+        assert torch.equal(tensor, cached[name]), name
     ids = embedded.text_ids(PROMPT)
     assert torch.equal(lm.text_ids(PROMPT), ids)
-    # The same weights (the embedded cache holds exactly what transformers dequantizes from this file, bit for
-    # bit: tests/test_runtime_models.py) in other buffers: the two passes may differ by float32 rounding only,
+    # The same weights in other buffers: the two passes may differ by float32 rounding only,
     # within the bound stated from epsilon and the depth (alignment.logits_atol: 7.8e-4 for logits up to 27 here).
     # Measured here: 0.0 at one thread, the same kernels on the same values; another CPU or buffer may not be.
     expected = full_logits(embedded, ids)

@@ -89,8 +89,9 @@ def test_a_private_copy_leaves_the_shared_model_pristine(embedded):
     assert torch.equal(embedded.model.model.layers[0].mlp.down_proj.weight, before)
 
 
-def test_the_real_cache_is_intact_readable_and_equal_to_a_direct_gguf_load(embedded):
-    # The one test on the real cache (the slow step: transformers dequantizes the whole GGUF file, about 30 s).
+def test_the_real_cache_is_intact_and_readable_by_every_transformers_version():
+    # That it holds exactly what transformers dequantizes from the GGUF file, bit for bit, is asserted where that
+    # file is loaded by its path (tests/test_runtime_load_any_model.py): the slow step, once in the suite.
     from safetensors import safe_open
 
     source = known_models()["smollm2-135m"]
@@ -100,10 +101,6 @@ def test_the_real_cache_is_intact_readable_and_equal_to_a_direct_gguf_load(embed
         assert handle.metadata() == {"format": "pt"}
         names = set(handle.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
-    # The cache must hold exactly what transformers dequantizes from the GGUF file, bit for bit.
-    cached = embedded.model.state_dict()
-    for name, tensor in weights_cache.dequantize_gguf(gguf).state_dict().items():
-        assert torch.equal(tensor, cached[name]), name
 
 
 def test_missing_model_package_says_how_to_install(monkeypatch):
