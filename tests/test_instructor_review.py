@@ -95,3 +95,22 @@ def test_the_routes_around_the_answering_step_are_flagged_by_their_shape_not_the
                      "0:class Box defines how copy or pickle rebuilds it", "0:class Path(str) overrides startswith",
                      "_posixsubprocess", "0:inspect.getmembers(lib): a search over an object's members"):
         assert expected in whats, (expected, found)
+
+
+def test_a_cell_reads_what_its_functions_read_from_the_globals_and_not_their_parameters_or_locals():
+    """What decides which course cells the grader may skip: a parameter or local named like a course variable keeps
+    no cell run, a global a function reads when it runs does, and so do a class body's and a comprehension's."""
+    from labkit.instructor.grader.review import cell_names, skippable_cells
+
+    assert cell_names("def gptq(weight, inputs):\n    scale = inputs.abs()\n    return torch.round(weight / scale)\n") \
+        == ({"gptq"}, {"torch"})
+    assert cell_names("class Table:\n    rows = 3\n    def width(self):\n        return rows\n") == ({"Table"}, {"rows"})
+    assert cell_names("kept = [t for t in tokens if t > limit]\nscale = lambda x: x * factor\n") == (
+        {"kept", "scale"}, {"tokens", "limit", "factor"})
+    assert cell_names("def reset():\n    global counter\n    counter = 0\n") == ({"reset", "counter"}, set())
+    assert cell_names("import numpy.linalg, torch as t\nfrom labkit.core import *\n")[0] == {"numpy", "t", "*"}
+    assert cell_names("def broken(:\n") == ({"*"}, {"*"})
+    course = ["# set-up", "import torch\nfrom labkit.exercises import check",
+              "inputs = torch.randn(4, 4)  # a measurement for the reader", "limit = 2.0",
+              "def clip(inputs):\n    return inputs.clamp(-limit, limit)", "check('xx.clip')"]
+    assert skippable_cells(course, {"clip"}) == [False, False, True, False, False, False]

@@ -19,6 +19,7 @@ by every lab that runs the embedded model.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.metadata
@@ -111,7 +112,8 @@ def cache_problem(directory: Path, expected_header: dict[str, Any]) -> str | Non
             staged.write_text(json.dumps(seen), encoding="utf-8")
             os.replace(staged, directory / VERIFIED)
         except OSError:
-            staged.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                staged.unlink(missing_ok=True)
     return None
 
 

@@ -20,6 +20,7 @@ import ast
 import copy
 import functools
 import json
+import symtable
 from pathlib import Path
 from typing import Any
 
@@ -156,20 +157,31 @@ def python_of(source: str) -> str:
 
 @functools.cache  # read once per process: the review and the grader's skip both ask, for every submission
 def cell_names(source: str) -> tuple[set[str], set[str]]:
-    """(names a cell binds anywhere, names it reads anywhere): generous on purpose, so a doubt keeps a cell run.
-    Code that does not parse binds and reads everything it could: ``({"*"}, {"*"})``."""
+    """(the global names a cell binds, the global names it reads): what it reads at its top level and what its
+    functions, classes, lambdas and comprehensions read from the notebook's globals when they run (Python's own
+    ``symtable`` tells a function's parameters and locals from a global, so a parameter named like a course
+    variable keeps no cell run). Generous where it cannot know: a star import binds ``"*"``, and code that does not
+    parse binds and reads everything it could: ``({"*"}, {"*"})``."""
     try:
-        tree = ast.parse(python_of(source))
+        code = python_of(source)
+        table = symtable.symtable(code, "<cell>", "exec")
+        tree = ast.parse(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {"*"}, {"*"}
     bound, read = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    scopes = [(table, True)]
+    while scopes:
+        scope, top = scopes.pop()
+        for symbol in scope.get_symbols():
+            if top or symbol.is_global():  # a nested scope's name resolved in the notebook's globals
+                if symbol.is_referenced():
+                    read.add(symbol.get_name())
+                if symbol.is_assigned() or symbol.is_imported():
+                    bound.add(symbol.get_name())
+        scopes += [(child, False) for child in scope.get_children()]
+    if any(isinstance(node, ast.ImportFrom) and any(alias.name == "*" for alias in node.names)
+           for node in ast.walk(tree)):
+        bound.add("*")
     return bound, read
 
 
