@@ -13,9 +13,18 @@ STAMP := $(VENV)/.labkit-setup
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 LAB_ARGS ?=
 
-.PHONY: setup lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check bubblewrap slurm
+.PHONY: setup setup-test debian lab test test-suite quick notebooks bench clean-cache chromium test-browser colab-check \
+        bubblewrap slurm
 
-setup: $(STAMP) bubblewrap slurm
+# The Python environment and Debian's packages are installed at once, as two jobs; Debian's targets take turns
+# in the second (apt-get holds dpkg's lock). `make test` adds Chromium to them.
+setup:
+	@$(MAKE) --no-print-directory --jobs=2 $(STAMP) debian
+setup-test:
+	@$(MAKE) --no-print-directory --jobs=2 $(STAMP) debian DEBIAN="bubblewrap slurm chromium"
+DEBIAN ?= bubblewrap slurm
+debian:
+	@$(MAKE) --no-print-directory --jobs=1 $(DEBIAN)
 
 # `labkit grade` walls off each submission with bubblewrap (Debian's package): installed here when missing and
 # run as root; otherwise the grader's tests say how to install it and the grader refuses to run without it.
@@ -62,7 +71,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanit
 # the browser's learner copies natively): every checked output proven on two kernel sets. CPU_PROFILE=native: not.
 TEST_ALL_JOBS ?= 3
 CPU_PROFILE ?= foreign
-test: setup chromium
+test: setup-test
 	$(PY) -c "from labkit.runtime.models import load_model; load_model()"
 	LABKIT_CPU_PROFILE=$(CPU_PROFILE) LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -n $(TEST_ALL_JOBS) --dist loadscope --no-loadscope-reorder -rs --hypothesis-profile ci \
 	  --durations 15 $(NBVAL) tests labkit $$(test -x $(CHROMIUM) && echo notebooks/solutions || echo notebooks)
@@ -100,7 +109,7 @@ chromium:
 # Two notebooks at a time (pytest-xdist; each worker has its own JupyterLab and Chromium): the kernels and the page
 # waits overlap. BROWSER_JOBS=1 runs them one after another.
 BROWSER_JOBS ?= 2
-test-browser: setup chromium
+test-browser: setup-test
 	LABKIT_CHROMIUM=$(CHROMIUM) $(PY) -m pytest -p no:cacheprovider -q -rs --durations 8 -n $(BROWSER_JOBS) --dist load tests/test_browser.py
 
 # Colab's stack (tests/colab-pins.txt) in .venv-colab: labkit installed as a notebook's Colab cell does (a wheel
