@@ -24,6 +24,11 @@ import cpu_profiles
 # Set before any kernel or subprocess starts, so nbval's kernels inherit them: the workbook must run offline.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Idle OpenMP threads wait asleep, not spinning: `make test` runs three workers, notebook kernels, JupyterLab and
+# Chromium on two cores at once, where a thread spinning at a barrier while its partner waits for a core burns what
+# the others need (measured beside two busy processes: a two-thread scoring pass took 10.5 s of CPU spinning, 5.9 s
+# asleep, and less time). It changes how idle threads wait, not how many there are or what they compute.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # Exercise checks run by the tests (and by the notebooks under nbval) save progress here, not in the user's file.
 os.environ["LABKIT_PROGRESS"] = str(Path(tempfile.mkdtemp(prefix="labkit-progress-")) / "progress.json")
 
