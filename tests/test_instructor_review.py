@@ -104,7 +104,8 @@ def test_a_cell_reads_what_its_functions_read_from_the_globals_and_not_their_par
 
     assert cell_names("def gptq(weight, inputs):\n    scale = inputs.abs()\n    return torch.round(weight / scale)\n") \
         == ({"gptq"}, {"torch"})
-    assert cell_names("class Table:\n    rows = 3\n    def width(self):\n        return rows\n") == ({"Table"}, {"rows"})
+    class_cell = "class Table:\n    rows = 3\n    def width(self):\n        return rows\n"
+    assert cell_names(class_cell) == ({"Table"}, {"rows"})
     assert cell_names("kept = [t for t in tokens if t > limit]\nscale = lambda x: x * factor\n") == (
         {"kept", "scale"}, {"tokens", "limit", "factor"})
     assert cell_names("def reset():\n    global counter\n    counter = 0\n") == ({"reset", "counter"}, set())

@@ -93,7 +93,7 @@ def test_corrupted_byte_is_detected(cached):
 def test_a_file_whose_stat_is_unchanged_is_not_read_again_and_any_write_is_seen(cached, monkeypatch):
     # The digests are read once; a later check compares each file's stat with verified.json instead (0.9 s less for
     # every process that loads the embedded model). A flipped byte with its modification time set back still
-    # changes the file's change time, which no program can set: the digest is read again and the flip found.
+    # moves the file's change time, which utime cannot set back: the digest is read again and the flip found.
     _, _, directory, header = cached
     assert cache_problem(directory, header) is None
     recorded = json.loads((directory / weights_cache.VERIFIED).read_text())

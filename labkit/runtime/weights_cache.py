@@ -8,9 +8,10 @@ The cache is trusted only when its manifest matches: same cache format, labkit a
 same source package, and every file's size and BLAKE2b digest. Anything else (a killed conversion, a truncated
 or edited file, an upgrade) is reported and rebuilt, never loaded. A digest is read again only when the file's
 stat (size, inode, modification and change times) differs from when its digest last matched (``verified.json``,
-as git's index skips rehashing a file whose stat it recorded): a write, a copy or a replaced file changes the
-change time, which no program can set back, so a later process skips the 0.9 s read of the weights. The conversion is written to a temporary
-directory and moved into place only when complete, so an interrupted run leaves no half cache.
+as git's index skips rehashing a file whose stat it recorded): a write, a copy or a replaced file moves the change
+time, which ``utime`` cannot set back, so a later process skips the 0.9 s read of the weights. The conversion is
+written to a temporary directory and moved into place only when complete, so an interrupted run leaves no half
+cache.
 
 Where a model comes from (the package, the hub, ``data/models.json``) is ``labkit.runtime.sources``, loading it
 ``labkit.runtime.models``; this module only converts, verifies, repairs and clears. Used through ``load_model()``

@@ -198,7 +198,7 @@ def _model_cache() -> list[Path]:
 
         # chmod go+rX, but only where a mode lacks it: every chmod moves a file's change time, which the cache's
         # record of verified files compares (labkit.runtime.weights_cache), so `chmod -R` made every load re-read them.
-        for folder, names, files in os.walk(root):
+        for folder, _, files in os.walk(root):
             for path in [Path(folder)] + [Path(folder, name) for name in files]:
                 mode = path.lstat().st_mode
                 wanted = mode | 0o044 | (0o011 if stat.S_ISDIR(mode) or mode & 0o100 else 0)
