@@ -79,7 +79,8 @@ def _stat(path: Path) -> list[int]:
 
 
 def cache_problem(directory: Path, expected_header: dict[str, Any]) -> str | None:
-    """Why a cache directory must not be loaded, or None when it is complete and intact."""
+    """Why a cache directory must not be loaded, or None when it is complete and intact; then it also records
+    each file's stat in ``verified.json`` (where the cache is writable), so the next check skips unchanged files."""
     manifest_path = directory / MANIFEST
     if not directory.exists():
         return "no cache yet"
@@ -202,9 +203,9 @@ _VERIFIED: dict[Path, tuple] = {}  # directory -> (its files' signature, the hea
 
 
 def _stat_signature(directory: Path) -> tuple:
-    """What changes when a cache file is replaced, written or truncated: each file's name, size, inode and mtime."""
+    """What changes when a cache file is replaced, written or truncated: each file's name and :func:`_stat`."""
     try:
-        return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_ino, st.st_mtime_ns) for p in directory.iterdir()))
+        return tuple(sorted((p.name, *_stat(p)) for p in directory.iterdir()))
     except OSError:
         return ()
 
