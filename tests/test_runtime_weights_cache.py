@@ -229,3 +229,27 @@ def test_ensuring_the_cache_builds_or_repairs_it_and_loads_nothing(packaged, mon
     assert cache_problem(directory, weights_cache.expected_header(source, models.gguf_path(source))) is None
     with pytest.raises(ValueError, match=r"name must be a packaged model of known_models\(\) \(\['tiny'\]\), got 'gpt2'"):
         models.ensure_model_cache("gpt2")
+
+
+def test_a_gguf_files_metadata_is_parsed_once_while_transformers_reads_it_and_gguf_py_is_left_as_it_was(tmp_path):
+    import gguf
+
+    path = tmp_path / "few.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_token_list([f"t{i}" for i in range(50)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    original = (gguf.GGUFReader, gguf.get_tensor_name_map)
+    llama = gguf.MODEL_ARCH.LLAMA
+    with weights_cache.gguf_parsed_once():
+        kept = gguf.GGUFReader  # as a module that imported it meanwhile would hold it
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # transformers' second and third reads: the same parse
+        assert first.fields["llama.block_count"].contents() == 2
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+        assert gguf.get_tensor_name_map(llama, 3) is not gguf.get_tensor_name_map(llama, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == original
+    after = kept(path)  # past the context, a kept reference parses anew each time, as gguf-py does
+    assert isinstance(after, original[0]) and after is not first and kept(path) is not after

@@ -34,8 +34,8 @@ from labkit.runtime.llama import choose_decoder
 # Where a model comes from is data of its own module; the names stay importable from here for callers.
 from labkit.runtime.sources import (EMBEDDED, ModelSource, ModelUnavailableError, cached_commit, check_runnable,
                                     describe, hub_reachable, known_models, model_config, offline_error)
-from labkit.runtime.weights_cache import (dequantize_gguf, ensure_cached, gguf_tokenizer, load_verified,
-                                         quiet_transformers)
+from labkit.runtime.weights_cache import (dequantize_gguf, ensure_cached, gguf_parsed_once, gguf_tokenizer,
+                                         load_verified, quiet_transformers)
 
 
 @dataclass
@@ -248,7 +248,8 @@ def _load_gguf_file(source: ModelSource):
     import torch
 
     path = Path(source.path)
-    module, tokenizer = dequantize_gguf(path), gguf_tokenizer(path)
+    with gguf_parsed_once():
+        module, tokenizer = dequantize_gguf(path), gguf_tokenizer(path)
     if any(p.dtype != torch.float32 for p in module.parameters()):  # an F16 or BF16 file loads as stored
         module = module.float()
     # Only the embedded model's own file gets an on-disk cache (weights_cache); a file named by path is read whole.
