@@ -50,9 +50,17 @@ def giveaway_pattern(giveaway: str) -> re.Pattern:
 
     >>> bool(giveaway_pattern("7 decode").search("then 7 decode calls")), bool(giveaway_pattern("7 decode").search("17 decode"))
     (True, False)
+
+    A number is not inside another: "1,015" is not in a measured "1,015.3 ms" (a slower processor's timings reach
+    the answers' magnitudes), but it is in "1015.0 ms" and in "= 1,015 ms." at a sentence's end.
+
+    >>> [bool(giveaway_pattern("1,015").search(t)) for t in ("E2E 1,015.3 ms", "= 1,015 ms.", "so 1,015.")]
+    [False, True, True]
+    >>> [bool(giveaway_pattern("1015").search(t)) for t in ("1015.0 ms", "1015.04 ms")]
+    [True, False]
     """
     before = r"(?<![\w.,])" if giveaway[:1].isalnum() else ""
-    after = r"(?![\w])" if giveaway[-1:].isalnum() else ""
+    after = r"(?![\w]|[.,]\d*[1-9])" if giveaway[-1:].isalnum() else ""
     return re.compile(before + re.escape(_flat(giveaway)) + after, re.I)
 
 
