@@ -136,22 +136,18 @@ def gguf_parsed_once():
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     shared: dict[Any, Any] | None = {}
 
-    def reader(path, *args, **kwargs):
-        if shared is None:  # a reference kept past the context: plain gguf-py
-            return reader_class(path, *args, **kwargs)
-        key = ("reader", os.fspath(path), args, tuple(sorted(kwargs.items())))
-        if key not in shared:
-            shared[key] = reader_class(path, *args, **kwargs)
-        return shared[key]
+    def once(make):
+        def made(first, *args, **kwargs):
+            if shared is None:  # a reference kept past the context: plain gguf-py
+                return make(first, *args, **kwargs)
+            key = (make, os.fspath(first) if isinstance(first, (str, os.PathLike)) else first, args,
+                   tuple(sorted(kwargs.items())))
+            if key not in shared:
+                shared[key] = make(first, *args, **kwargs)
+            return shared[key]
+        return made
 
-    def tensor_name_map(arch, n_blocks):
-        if shared is None:
-            return name_map(arch, n_blocks)
-        if ("names", arch, n_blocks) not in shared:
-            shared["names", arch, n_blocks] = name_map(arch, n_blocks)
-        return shared["names", arch, n_blocks]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = once(reader_class), once(name_map)
     try:
         yield
     finally:
