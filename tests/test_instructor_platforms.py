@@ -175,3 +175,23 @@ def test_the_command_stages_a_canvas_zip_grades_its_folder_and_writes_the_grades
     assert sorted((row["ID"], row["Student"], row["Lab 00 (42)"]) for row in rows) == [("1234", "núñezjosé", "2"),
                                                                                        ("5678", "doe jane", "4")]
     assert load_intake(out).by_learner()["1234"].late is True and (out / "moodle_grading_worksheet.csv").is_file()
+
+
+def test_every_limit_is_an_option_with_its_default_and_a_bad_one_is_named(tmp_path, capsys):
+    from dataclasses import fields
+
+    from labkit.instructor.wall.kernel_limits import Limits
+
+    with pytest.raises(SystemExit):
+        main(["grade", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help at the terminal's width
+    for item in fields(Limits):
+        assert f"--{item.name.replace('_', '-')} " in shown and f"(default {item.default})" in shown, item.name
+    assert "--cpu-percent CPU_PERCENT share of one CPU for everything one notebook runs" in shown
+    with pytest.raises(SystemExit):
+        main(["grade", str(tmp_path), "--cpu-percent", "5"])
+    assert "--cpu-percent must be an integer of at least 10, got 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["grade", str(tmp_path), "--cluster", "condor"])
+    assert "argument --cluster: invalid choice: 'condor' (choose from 'local', 'slurm', 'pbs', 'sge', 'lsf')" in (
+        capsys.readouterr().err)

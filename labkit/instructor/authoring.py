@@ -37,6 +37,7 @@ from pathlib import Path
 
 from labkit.core.course import labs
 from labkit.core.resources import load_json
+from labkit.instructor.grader.review import GRADER_SKIPS_TAG
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -46,10 +47,6 @@ STUB = 'raise NotImplementedError("your code here")'
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 REVEAL_TAG = "reveal"  # the cell shows an answer: the learner copy is committed without its outputs
 CHECK_TAG = "nbval-check-output"  # nbval --nbval-lax compares this cell's outputs
-# A course cell that only measures or draws for the reader, whose names no later cell (no exercise, check or
-# prediction) uses: `labkit grade` does not run it (tests/test_instructor_grading_course.py holds the tagged cells to
-# that), so a class is graded in the time its exercises need rather than the course's measurements.
-GRADER_SKIPS_TAG = "labkit-grader-skips"
 _MARKER = re.compile(r"^(?P<indent>[ \t]*)(?P<marker>### (BEGIN|END) SOLUTION)[ \t]*$")
 # The first code cell of every notebook starts with this line; ``labkit build`` rewrites that cell.
 COLAB_CELL_FIRST_LINE = "# Colab only: install labkit and the embedded model package. Anywhere else this cell does nothing."

@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
-from labkit.instructor.grader.settings import GradingSettings
+from labkit.instructor.grader.platform_grades import EXPORTS
+from labkit.instructor.grader.platforms import KINDS
+from labkit.instructor.grader.settings import CLUSTERS, GradingSettings
 from labkit.instructor.wall.kernel_limits import Limits
 
 
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     grade.add_argument("--out", type=Path, help="a folder: where reports and gradebook.csv go (default FOLDER-grades)")
     grade.add_argument("--jobs", type=int, default=default_jobs,
                        help=f"a folder: submissions graded at once (default {default_jobs})")
-    grade.add_argument("--cluster", default="local", choices=["local", "slurm", "pbs", "sge", "lsf"],
+    grade.add_argument("--cluster", default="local", choices=CLUSTERS,
                        help="a folder: where the --jobs workers run: this machine (default), or that many batch jobs "
                             "of one worker each, through dask-jobqueue and its ~/.config/dask/jobqueue.yaml (slurm "
                             "is tested; pbs, sge and lsf are the same code, untested)")
@@ -56,31 +59,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="with a tcp:// scheduler: the file holding the secret on every worker (the secret "
                             "travels only over TLS; default: --secret-file)")
     grade.add_argument("--cell-timeout", type=int, default=120, help="seconds each cell may run (default 120)")
-    defaults = Limits()
-    grade.add_argument("--memory-mb", type=int, default=defaults.memory_mb,
-                       help=f"address space of each kernel process, MB (default {defaults.memory_mb})")
-    grade.add_argument("--cpu-seconds", type=int, default=defaults.cpu_seconds,
-                       help=f"CPU time of each kernel process over the whole notebook (default {defaults.cpu_seconds})")
-    grade.add_argument("--max-procs", type=int, default=defaults.max_procs,
-                       help=f"processes and threads of a kernel and its children (default {defaults.max_procs})")
-    grade.add_argument("--total-memory-mb", type=int, default=defaults.total_memory_mb,
-                       help=f"memory of everything one notebook runs, MB (default {defaults.total_memory_mb})")
-    grade.add_argument("--wall-seconds", type=int, default=defaults.wall_seconds,
-                       help=f"wall time of one notebook, then it is killed (default {defaults.wall_seconds})")
-    grade.add_argument("--output-mb", type=int, default=defaults.output_mb,
-                       help=f"printed output kept per notebook, and largest file it may write, MB "
-                            f"(default {defaults.output_mb})")
-    grade.add_argument("--disk-mb", type=int, default=defaults.disk_mb,
-                       help=f"the submission's folders together, MB (default {defaults.disk_mb})")
-    grade.add_argument("--budget-seconds", type=int, default=defaults.budget_seconds,
-                       help=f"the notebook's cells together, seconds (default {defaults.budget_seconds})")
-    grade.add_argument("--cpu-percent", type=int, default=defaults.cpu_percent,
-                       help=f"share of one CPU for everything one notebook runs, percent (default "
-                            f"{defaults.cpu_percent})")
+    for item in fields(Limits):  # --memory-mb for Limits.memory_mb, and so on
+        grade.add_argument(f"--{item.name.replace('_', '-')}", type=int, default=item.default,
+                           help=f"{item.metadata['help']} (default {item.default})")
     grade.add_argument("--secret-file", type=Path,
                        help="a file holding the instructor's secret that salts the random cases (default: "
                             "$LABKIT_GRADING_SECRET, else one labkit keeps in the user data directory)")
-    grade.add_argument("--platform", default="folder", choices=["folder", "canvas", "moodle", "blackboard"],
+    grade.add_argument("--platform", default="folder", choices=KINDS,
                        help="a class: the bulk download's naming (a folder or the zip as downloaded; default: a plain "
                             "folder, one notebook or subfolder per learner)")
     grade.add_argument("--pattern", help="a class: a regular expression over each file's path in the download, with "
@@ -147,15 +132,12 @@ def _grade(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error("--out, --export, --platform and --pattern are for a class (a folder or a zip); use --json for "
                      "one notebook")
     exports = tuple(name.strip() for name in args.export.split(",") if name.strip())
-    if any(name not in ("canvas", "moodle", "gradescope") for name in exports):
-        parser.error(f"--export must be a comma-separated list among canvas, moodle, gradescope, got {args.export!r}")
+    if any(name not in EXPORTS for name in exports):
+        parser.error(f"--export must be a comma-separated list among {', '.join(EXPORTS)}, got {args.export!r}")
     try:
-        limits = Limits(memory_mb=args.memory_mb, cpu_seconds=args.cpu_seconds, max_procs=args.max_procs,
-                        total_memory_mb=args.total_memory_mb, wall_seconds=args.wall_seconds,
-                        output_mb=args.output_mb, disk_mb=args.disk_mb, budget_seconds=args.budget_seconds,
-                        cpu_percent=args.cpu_percent)
-    except ValueError as error:
-        parser.error(str(error).replace("_", "-"))
+        limits = Limits(**{item.name: getattr(args, item.name) for item in fields(Limits)})
+    except ValueError as error:  # "cpu_percent must be ..." names the option --cpu-percent
+        parser.error("--" + str(error).replace("_", "-"))
     try:
         secret = grading_secret(args.secret_file)
     except (OSError, ValueError) as error:

@@ -35,10 +35,9 @@ from labkit.instructor.grader.reports import CellError, SubmissionReport, printa
 from labkit.instructor.grader.settings import GradingSettings
 from labkit.instructor.wall import protocol
 from labkit.instructor.wall.kernel_limits import SUBMISSION_BYTES
-from labkit.instructor.wall.protocol import RunResult
+from labkit.instructor.wall.protocol import WorkerReport
 
 KERNEL_LOG_LINES = 20
-MAX_NOTEBOOK_BYTES = SUBMISSION_BYTES  # a submission larger than this is not read
 
 
 def require_isolation() -> None:
@@ -82,9 +81,9 @@ def read_submission(path: Path) -> bytes:
     with os.fdopen(descriptor, "rb") as file:
         if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
             raise FileNotFoundError(f"path {path} is not a notebook file")
-        data = file.read(MAX_NOTEBOOK_BYTES + 1)
-    if len(data) > MAX_NOTEBOOK_BYTES:
-        raise ValueError(f"notebook {path} is larger than {MAX_NOTEBOOK_BYTES // 2**20} MB")
+        data = file.read(SUBMISSION_BYTES + 1)
+    if len(data) > SUBMISSION_BYTES:
+        raise ValueError(f"notebook {path} is larger than {SUBMISSION_BYTES // 2**20} MB")
     return data
 
 
@@ -152,7 +151,7 @@ def grade_notebook(path: Path, settings: GradingSettings = GradingSettings()) ->
 
 def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[int]]:
     """The notebook to run, without the course's cells that only measure or draw for the reader (tagged
-    :data:`~labkit.instructor.authoring.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
+    :data:`~labkit.instructor.grader.review.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
     source: an edited cell is the learner's and runs; one binding a name the submission's cells read runs too), and
     those cells' indices; None when there are none."""
     import copy
@@ -160,8 +159,7 @@ def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[i
     import nbformat
 
     from labkit.exercises import exercises
-    from labkit.instructor.authoring import GRADER_SKIPS_TAG
-    from labkit.instructor.grader.review import course_cells, skippable_cells
+    from labkit.instructor.grader.review import GRADER_SKIPS_TAG, course_cells, skippable_cells
 
     skipped = course_cells(lab, GRADER_SKIPS_TAG)
     code = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]
@@ -220,12 +218,12 @@ def _worker_env(job: Path) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1"}
 
 
-def _answer_cell_problem(received: RunResult) -> str | None:
+def _answer_cell_problem(received: WorkerReport) -> str | None:
     error = received.step_error
     return f"the grader's answering step failed: {error}" if error else None
 
 
-def _cell_errors(received: RunResult, cell_timeout_s: int) -> tuple[CellError, ...]:
+def _cell_errors(received: WorkerReport, cell_timeout_s: int) -> tuple[CellError, ...]:
     timed_out = f"CellTimeout: the cell ran longer than {cell_timeout_s} s and was interrupted"
     errors = []
     for found, kind in ((received.cell_errors, "error"), (received.skipped, "skipped")):

@@ -58,8 +58,13 @@ _LAB_NAMES = {"02": {"nll_loss": "torch's nll_loss: the second half of F.cross_e
                      "NLLLoss": "torch's NLLLoss: the second half of F.cross_entropy, which the exercise forbids",
                      "CrossEntropyLoss": "torch's ready-made loss (it runs F.cross_entropy, which the exercise "
                                          "forbids)"}}
+# A course cell that only measures or draws for the reader, whose names no later cell (no exercise, check or
+# prediction) uses (:func:`skippable_cells`): `labkit build` tags it, and `labkit grade` does not run it
+# (tests/test_instructor_grading_course.py holds the tagged cells to that), so a class is graded in the time its
+# exercises need rather than the course's measurements.
+GRADER_SKIPS_TAG = "labkit-grader-skips"
 MAX_CELL_BYTES = 200_000  # a cell larger than this is not read (the review's cost stays bounded); the note says so
-MAX_NOTEBOOK_BYTES = 2_000_000  # nor anything past this much code in all
+MAX_REVIEWED_BYTES = 2_000_000  # nor anything past this much code in all
 _MODULE_PREFIXES = {"labkit.exercises.checking": "reaches into labkit's checker",
                     "labkit.exercises.calling": "reaches into labkit's checker",
                     "labkit.exercises.definitions": "reaches into labkit's checker",
@@ -77,7 +82,7 @@ def review_notebook(notebook: Any, lab: str) -> list[Finding]:
 
     Names follow the data: an import anywhere in the notebook (a course cell's too, as lab 01's ``sampling``)
     names what its alias stands for in every cell. A cell over :data:`MAX_CELL_BYTES` (or past
-    :data:`MAX_NOTEBOOK_BYTES` of code in all) is not read, and the finding says so.
+    :data:`MAX_REVIEWED_BYTES` of code in all) is not read, and the finding says so.
     """
     references = _reference_names(lab)
     course = course_cells(lab)
@@ -88,9 +93,9 @@ def review_notebook(notebook: Any, lab: str) -> list[Finding]:
         if cell.cell_type != "code":
             continue
         source = cell.source if isinstance(cell.source, str) else ""
-        if len(source) > MAX_CELL_BYTES or read + len(source) > MAX_NOTEBOOK_BYTES:
+        if len(source) > MAX_CELL_BYTES or read + len(source) > MAX_REVIEWED_BYTES:
             found.append(Finding(index, 1, f"a cell of {len(source):,} characters: not reviewed (the review "
-                                 f"reads cells up to {MAX_CELL_BYTES:,} and {MAX_NOTEBOOK_BYTES:,} in all)"))
+                                 f"reads cells up to {MAX_CELL_BYTES:,} and {MAX_REVIEWED_BYTES:,} in all)"))
             continue
         read += len(source)
         try:

@@ -18,7 +18,7 @@ from typing import Any
 
 from labkit.instructor.wall.kernel_limits import Limits
 
-CLUSTERS = ("local", "slurm", "pbs", "sge", "lsf")  # where a class's workers run (dask-jobqueue's batch systems)
+CLUSTERS = ("local", "slurm", "pbs", "sge", "lsf")  # where a class's workers run: here, or dask-jobqueue's batch systems
 ANSWER_SECONDS_AT_LEAST = 300  # the answering step's time: the cell limit, but never less
 
 

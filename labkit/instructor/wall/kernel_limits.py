@@ -46,8 +46,9 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 CPU_GRACE_S = 5  # between SIGXCPU (soft limit) and SIGKILL (hard limit)
 SUBMISSION_BYTES = 32 * 2**20  # the largest notebook the grader reads: the wall must be able to hold it
@@ -59,27 +60,32 @@ def file_limit_bytes(limits: "Limits") -> int:
     return max(limits.output_mb * 2**20, SUBMISSION_BYTES)
 
 
+def _limit(default: int, least: int, help: str) -> Any:
+    """A field of :class:`Limits`: its default, the least value accepted and what it bounds (``labkit grade``'s
+    option of the same name, ``--memory-mb`` for ``memory_mb``, says it)."""
+    return field(default=default, metadata={"least": least, "help": help})
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one submission may use."""
 
-    memory_mb: int = 4096  # address space per process; the embedded model needs about 1.8 GB of it
-    cpu_seconds: int = 900  # CPU time per process, over the whole notebook
-    max_procs: int = 256  # tasks (processes and threads) of the kernel and its children together
-    total_memory_mb: int = 6144  # memory of everything the submission runs together (a memory cgroup)
-    wall_seconds: int = 1800  # one notebook, start to last answer; then everything it runs is killed
-    output_mb: int = 16  # what the notebook prints is kept up to this; also the largest file it may write
-    disk_mb: int = 256  # the submission's folders (/job, /tmp) together: a filesystem of this size, in memory
-    budget_seconds: int = 600  # the notebook's cells together; cells past it are not run (then the answers)
-    cpu_percent: int = 100  # of one CPU, for everything the submission runs together (a cpu cgroup's quota)
+    memory_mb: int = _limit(4096, 256, "address space of each kernel process, MB (the embedded model needs about "
+                                       "1.8 GB of it)")
+    cpu_seconds: int = _limit(900, 1, "CPU time of each kernel process over the whole notebook")
+    max_procs: int = _limit(256, 16, "processes and threads of a kernel and its children together")
+    total_memory_mb: int = _limit(6144, 256, "memory of everything one notebook runs together, MB (a memory cgroup)")
+    wall_seconds: int = _limit(1800, 10, "one notebook, start to last answer; then everything it runs is killed")
+    output_mb: int = _limit(16, 1, "printed output kept per notebook, and the largest file it may write, MB")
+    disk_mb: int = _limit(256, 16, "the submission's folders (/job, /tmp) together, MB: a filesystem in memory")
+    budget_seconds: int = _limit(600, 10, "the notebook's cells together, seconds; later cells are not run")
+    cpu_percent: int = _limit(100, 10, "share of one CPU for everything one notebook runs, percent (a cpu cgroup)")
 
     def __post_init__(self) -> None:
-        for name, least in [("memory_mb", 256), ("cpu_seconds", 1), ("max_procs", 16), ("total_memory_mb", 256),
-                            ("wall_seconds", 10), ("output_mb", 1), ("disk_mb", 16), ("budget_seconds", 10),
-                            ("cpu_percent", 10)]:
-            value = getattr(self, name)
+        for item in fields(self):
+            value, least = getattr(self, item.name), item.metadata["least"]
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"{name} must be an integer of at least {least}, got {value!r}")
+                raise ValueError(f"{item.name} must be an integer of at least {least}, got {value!r}")
 
 
 # --------------------------------------------------------------------------------------------------------------

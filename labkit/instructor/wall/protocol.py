@@ -12,7 +12,7 @@ Every message is one frame (:func:`labkit.instructor.wall.wire.send_frame`: a le
 
 Only what the key signs counts as the kernel's: a learner cell may write anything to the socket, and every frame
 not signed is skipped. The kernel signs with :func:`labkit.instructor.wall.answering.install`'s signer, which
-holds the key out of the learner's reach. The grader reads the worker's report as :class:`RunResult`.
+holds the key out of the learner's reach. The grader reads the worker's report as :class:`WorkerReport`.
 
 Layer 5 (instructor tools).
 """
@@ -136,7 +136,7 @@ def send_result(to_grader: int, status: dict[str, Any], payload: dict[str, Any] 
 
 
 @dataclass
-class RunResult:
+class WorkerReport:
     """What the worker reported, read defensively: the worker is inside the wall, so nothing here is trusted to be
     well-formed (anything malformed reads as absent)."""
 
@@ -149,7 +149,7 @@ class RunResult:
     problem: str | None = None  # the worker's message could not be read
 
     @classmethod
-    def of(cls, message: Any, problem: str | None = None) -> RunResult:
+    def of(cls, message: Any, problem: str | None = None) -> WorkerReport:
         result = message.get("result") if isinstance(message, dict) else None
         result = result if isinstance(result, dict) else {}
         status = result.get("status") if isinstance(result.get("status"), dict) else {}
@@ -191,5 +191,5 @@ class GraderEnd:
                 return
 
     @property
-    def result(self) -> RunResult:
-        return RunResult.of(self.message, None if self.message is not None else self.problem)
+    def result(self) -> WorkerReport:
+        return WorkerReport.of(self.message, None if self.message is not None else self.problem)

@@ -199,7 +199,7 @@ def remove_tree(path: Path) -> None:
 
 
 @dataclass
-class RunResult:
+class WallRun:
     """How a walled-off run ended."""
 
     returncode: int | None
@@ -211,7 +211,7 @@ class RunResult:
 
 def run_walled(command: list[str], job: Path | None, limits: Limits, *, isolate: bool, env: dict[str, str],
                readable: list[Path] = (), job_files: dict[str, bytes] | None = None,
-               exchange: Callable[[int, int], None] | None = None) -> RunResult:
+               exchange: Callable[[int, int], None] | None = None) -> WallRun:
     """Run ``command`` (a worker) under ``limits``, isolated unless told not.
 
     Isolated, the worker's folder is ``/job`` inside the wall, holding ``job_files``; without the wall it is
@@ -287,7 +287,7 @@ def run_walled(command: list[str], job: Path | None, limits: Limits, *, isolate:
     else:
         described["isolation"] = ("bubblewrap: private copy of the notebook, no network, own PID and user "
                                   "namespace as nobody, read-only environment, bare environment variables")
-    return RunResult(process.returncode, stopped, tail.text(), tail.total, described)
+    return WallRun(process.returncode, stopped, tail.text(), tail.total, described)
 
 
 def _exchange(exchange: Callable[[int, int], None], read_fd: int, write_fd: int) -> None:
