@@ -98,10 +98,10 @@ def test_the_solution_notebook_earns_every_point_through_the_graders_answering_s
     """`labkit grade`'s judging of the solution notebook's drills, answered in this process (the wall's own tests
     run the answering step in a sandbox): every drill passes, with no accusation."""
     from labkit.instructor.grader import judging
-    from labkit.instructor.wall import answering
+    from labkit.instructor.wall import disarming
 
     _, plan, drawn = judging.plan("08", seed=51)
-    answers = answering.answer_plan(dict(solution_functions), {"exercises": plan})
+    answers = disarming.answer_plan(dict(solution_functions), {"exercises": plan})
     for drill in DRILLS:
         result = judging.judge(drill, drawn[drill.id], answers, None)
         assert (result.status, result.points) == ("passed", 1), result
@@ -116,14 +116,14 @@ def test_a_mistake_costs_its_drill_only_through_the_graders_answering_step(exerc
     mistake as a learner writes it. Through the answering step its drill fails with no accusation, and every other
     drill's function is the solution's, untouched (which earns every point: the test above)."""
     from labkit.instructor.grader import judging
-    from labkit.instructor.wall import answering
+    from labkit.instructor.wall import disarming
 
     namespace = dict(solution_functions)
     exec(compile(honest_corpus.mistake_source(exercise, wrong), "<learner cell>", "exec"), namespace)  # noqa: S102
     for drill in DRILLS:
         assert (namespace[drill.function] is solution_functions[drill.function]) == (drill is not exercise), drill.id
     _, plan, drawn = judging.plan("08", seed=51 + index)
-    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
+    answers = disarming.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
     assert (result.status, result.points) == ("failed", 0), result
     assert not any(word in " ".join(result.details) for word in ACCUSATIONS), result.details

@@ -325,3 +325,16 @@ def test_a_function_of_the_step_replaced_in_a_cell_is_put_back_before_it_runs():
     got = answer(cells)
     assert got.points("00.softmax_temperature") == 0, got.details("00.softmax_temperature")
     assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1
+
+
+def test_the_disarming_replaced_in_a_cell_is_put_back_before_the_step_runs():
+    """A cell that makes the disarming a no-op (so the reference on a pool's thread, out of the checker's tripwire,
+    would answer) changes nothing: the step puts the disarming module's functions back as install() bound them,
+    and the reference reached from the pool is still disarmed."""
+    cells = ["import contextlib\nimport labkit.instructor.wall.disarming as disarming\n"
+             "@contextlib.contextmanager\ndef disarmed(targets, reached):\n    yield\n"
+             "disarming.disarmed = disarmed\n", *ATTACKS["pool_reference"]]
+    got = answer(cells)
+    assert got.points("00.softmax_temperature") == 0, got.details("00.softmax_temperature")
+    assert "calls labkit's own" in got.details("00.softmax_temperature")
+    assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1

@@ -17,7 +17,7 @@ from labkit.exercises import exercises, get
 from labkit.exercises.checking import check_function
 from labkit.instructor.grader import judging, review
 from labkit.instructor.grader.reports import Finding, summary_text
-from labkit.instructor.wall import answering, reach
+from labkit.instructor.wall import disarming, reach
 
 SOFTMAX = sampling.softmax_with_temperature
 ORIGINAL = SOFTMAX.__code__
@@ -25,7 +25,7 @@ ORIGINAL = SOFTMAX.__code__
 
 def _graded(namespace, lab="00", seed=3):
     chosen, plan, drawn = judging.plan(lab, seed)
-    answers = answering.answer_plan(namespace, {"exercises": plan})
+    answers = disarming.answer_plan(namespace, {"exercises": plan})
     return {e.id: judging.judge(e, drawn[e.id], answers, None) for e in chosen}
 
 
@@ -125,7 +125,7 @@ def test_every_copy_of_a_forbidden_function_is_disarmed_not_only_the_original():
     twin = types.FunctionType(ORIGINAL, SOFTMAX.__globals__)
     copied = types.FunctionType(ORIGINAL.replace(co_consts=ORIGINAL.co_consts), SOFTMAX.__globals__)
     codes = reach.forbidden_codes(get("00.softmax_temperature"))
-    found = {id(function) for function, _, _ in answering.disarm_targets(codes, [SOFTMAX, twin, copied, _honest_sample])}
+    found = {id(function) for function, _, _ in disarming.disarm_targets(codes, [SOFTMAX, twin, copied, _honest_sample])}
     assert found == {id(SOFTMAX), id(twin), id(copied)}
     results = _graded({"softmax_with_temperature": lambda logits, temperature: copied(logits, temperature),
                        "sample_token": _honest_sample, "tokenizer_choice": lambda: "b"})
@@ -158,7 +158,7 @@ def test_answer_plan_calls_each_function_on_its_cases_and_says_what_is_missing()
          "        return torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)\n"
          "    return torch.softmax(logits / temperature, dim=-1)\ntokenizer_choice = 'b'\n", namespace)
     chosen, plan, drawn = judging.plan("00", seed=3)
-    answers = answering.answer_plan(namespace, {"exercises": plan})
+    answers = disarming.answer_plan(namespace, {"exercises": plan})
     assert answers["00.sample_token"] == {"missing": True}
     assert answers["00.predict_tokenizer"] == {"not_callable": "str"}
     results = {e.id: judging.judge(e, drawn[e.id], answers, None) for e in chosen}

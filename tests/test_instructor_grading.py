@@ -18,10 +18,10 @@ import labkit.exercises
 from labkit.exercises import exercises
 from labkit.exercises.definitions import Case, Exercise
 from labkit.instructor.cluster import classroom
-from labkit.instructor.grader import gradebook, grading, judging, review
+from labkit.instructor.grader import course_cells, gradebook, grading, judging
 from labkit.instructor.grader.reports import ExerciseResult, SubmissionReport, format_report, printable
 from labkit.instructor.grader.settings import GradingSettings
-from labkit.instructor.wall import answering, worker
+from labkit.instructor.wall import disarming, worker
 from labkit.instructor.wall.kernel_limits import Confinement, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def grade_here(lab, namespace, seed):
     them (as the answering step does, disarmed), the answers judged through JSON. The same data path as
     ``labkit grade``."""
     chosen, plan, drawn = judging.plan(lab, seed)
-    answered = json.loads(json.dumps(answering.answer_plan(namespace, json.loads(json.dumps({"exercises": plan})))))
+    answered = json.loads(json.dumps(disarming.answer_plan(namespace, json.loads(json.dumps({"exercises": plan})))))
     return [judging.judge(exercise, drawn.get(exercise.id), answered, None) for exercise in chosen]
 
 
@@ -331,7 +331,7 @@ def test_a_course_cell_the_learners_own_function_reads_is_run_though_tagged():
     assert not_run == tagged and len(tagged) >= 10
     # A tagged cell that binds a name, and a learner's kv-cache function (a graded name) that reads it.
     index, name = next((index, name) for index in tagged
-                       for name in sorted(review.cell_names(learner.cells[index].source)[0]) if name.isidentifier())
+                       for name in sorted(course_cells.cell_names(learner.cells[index].source)[0]) if name.isidentifier())
     function = next(exercise.function for exercise in exercises("05") if exercise.kind == "code")
     learner.cells.append(nbformat.v4.new_code_cell(f"def {function}(*args, **kwargs):\n    return {name}\n"))
     _, not_run = grading._without_measurements(learner, "05")

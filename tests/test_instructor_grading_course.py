@@ -22,7 +22,7 @@ from labkit.instructor.authoring import GRADER_SKIPS_TAG
 from labkit.instructor.cluster import classroom
 from labkit.instructor.grader import judging
 from labkit.instructor.grader.settings import GradingSettings
-from labkit.instructor.wall import answering
+from labkit.instructor.wall import disarming
 from labkit.instructor.wall.kernel_limits import Limits
 from test_instructor_grading_attacks import SKIP_REASON, require_sandbox
 
@@ -92,7 +92,7 @@ def test_a_known_mistake_written_by_a_learner_fails_its_exercise_as_the_check_do
     namespace: dict = {}
     exec(compile(honest_corpus.mistake_source(exercise, wrong), "<learner cell>", "exec"), namespace)  # noqa: S102
     _, plan, drawn = judging.plan(exercise.lab, seed=41 + index)
-    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
+    answers = disarming.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise.id]})
     result = judging.judge(exercise, drawn[exercise.id], answers, None)
     assert (result.status, result.points) == ("failed", 0), result
     assert not any(word in " ".join(result.details) for word in ACCUSATIONS), result.details
@@ -103,9 +103,9 @@ def test_the_cells_the_grader_skips_feed_nothing_that_is_graded(lab):
     """A course cell tagged for the grader to skip measures or draws for the reader only: no check, prediction or
     exercise is in it, no later cell the grader runs reads a name it binds, and both copies tag the same cells
     (the grader matches a submission's cells to the learner copy's by source). The build tags every such cell
-    (``labkit.instructor.grader.review.skippable_cells``); this restates the rule cell by cell."""
+    (``labkit.instructor.grader.course_cells.skippable_cells``); this restates the rule cell by cell."""
     from labkit.exercises import exercises
-    from labkit.instructor.grader.review import cell_names, course_cells, skippable_cells
+    from labkit.instructor.grader.course_cells import cell_names, course_cells, skippable_cells
 
     graded_names = {exercise.function for exercise in exercises(lab)}
     skipped = course_cells(lab, GRADER_SKIPS_TAG)

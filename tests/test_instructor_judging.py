@@ -69,14 +69,14 @@ def test_a_natural_attempt_answered_by_the_real_answering_step_is_named(name, mi
     from honest_corpus import NATURAL
 
     from labkit.instructor.grader import judging
-    from labkit.instructor.wall import answering, wire
+    from labkit.instructor.wall import disarming, wire
 
     exercise_id, source = NATURAL[name]
     exercise = get(exercise_id)
     namespace: dict = {}
     exec(compile(source, "<learner cell>", "exec"), namespace)  # noqa: S102
     _, plan, drawn = judging.plan(exercise.lab, seed=11)
-    answers = answering.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise_id]})
+    answers = disarming.answer_plan(namespace, {"exercises": [item for item in plan if item["id"] == exercise_id]})
     result = judging.judge(exercise, drawn[exercise_id], wire.decode(wire.encode(answers)), None)
     assert result.status == "failed"
     index = [m.wrong.__name__ for m in exercise.mistakes].index(mistake_function)

@@ -100,7 +100,7 @@ def test_the_routes_around_the_answering_step_are_flagged_by_their_shape_not_the
 def test_a_cell_reads_what_its_functions_read_from_the_globals_and_not_their_parameters_or_locals():
     """What decides which course cells the grader may skip: a parameter or local named like a course variable keeps
     no cell run, a global a function reads when it runs does, and so do a class body's and a comprehension's."""
-    from labkit.instructor.grader.review import cell_names, skippable_cells
+    from labkit.instructor.grader.course_cells import cell_names, skippable_cells
 
     assert cell_names("def gptq(weight, inputs):\n    scale = inputs.abs()\n    return torch.round(weight / scale)\n") \
         == ({"gptq"}, {"torch"})

@@ -11,7 +11,7 @@ from labkit.core.spec import ModelSpec
 from labkit.core.timing import ScriptedClock
 from labkit.exercises.calling import FLOOD_CHARS, Outcome
 from labkit.exercises.checking import ReportedError
-from labkit.instructor.wall import wire
+from labkit.instructor.wall import protocol, wire
 
 
 def test_values_round_trip_bit_for_bit_and_objects_only_where_cases_go():
@@ -52,25 +52,25 @@ def test_an_outcome_round_trips_and_anything_malformed_is_an_error_never_a_pass(
 def test_frames_carry_messages_up_to_a_cap_and_a_time_limit():
     read_end, write_end = os.pipe()
     try:
-        wire.send_frame(write_end, b"cases")
-        wire.send_frame(write_end, b"x" * 100)
-        assert wire.read_frame(read_end, cap=10) == b"cases"
+        protocol.send_frame(write_end, b"cases")
+        protocol.send_frame(write_end, b"x" * 100)
+        assert protocol.read_frame(read_end, cap=10) == b"cases"
         with pytest.raises(wire.WireError, match="more than the 10 allowed"):
-            wire.read_frame(read_end, cap=10)  # never read whole, never kept (the reader stops there)
+            protocol.read_frame(read_end, cap=10)  # never read whole, never kept (the reader stops there)
         os.read(read_end, 100)
         started = time.monotonic()
         with pytest.raises(wire.WireError, match="in time"):
-            wire.read_frame(read_end, cap=10, timeout_s=0.2)  # a writer that says nothing blocks no one
+            protocol.read_frame(read_end, cap=10, timeout_s=0.2)  # a writer that says nothing blocks no one
         assert time.monotonic() - started < 5
         big = os.urandom(3 * 2**20)  # larger than a pipe's buffer: written while read
-        writer = threading.Thread(target=wire.send_frame, args=(write_end, big))
+        writer = threading.Thread(target=protocol.send_frame, args=(write_end, big))
         writer.start()
-        assert wire.read_frame(read_end, cap=2**22, timeout_s=30) == big
+        assert protocol.read_frame(read_end, cap=2**22, timeout_s=30) == big
         writer.join()
         os.close(write_end)
         write_end = None
         with pytest.raises(wire.WireError, match="ended"):
-            wire.read_frame(read_end, cap=10)
+            protocol.read_frame(read_end, cap=10)
     finally:
         os.close(read_end)
         if write_end is not None:
@@ -79,9 +79,9 @@ def test_frames_carry_messages_up_to_a_cap_and_a_time_limit():
 
 def test_only_the_key_holder_signs():
     key = os.urandom(32)
-    signed = wire.sign(key, b'{"answers": {}}')
-    assert wire.unsign(key, signed) == b'{"answers": {}}'
-    for forged in (b'{"answers": {}}', b"0" * 32 + b'{"answers": {}}', wire.sign(os.urandom(32), b"go"),
+    signed = protocol.sign(key, b'{"answers": {}}')
+    assert protocol.unsign(key, signed) == b'{"answers": {}}'
+    for forged in (b'{"answers": {}}', b"0" * 32 + b'{"answers": {}}', protocol.sign(os.urandom(32), b"go"),
                    signed[:-1] + b"!"):
         with pytest.raises(wire.WireError, match="not signed"):
-            wire.unsign(key, forged)
+            protocol.unsign(key, forged)

@@ -36,7 +36,7 @@ from labkit.exercises import exercises, progress
 from labkit.exercises.definitions import Prediction
 from labkit.exercises.reveals import waiting_message
 from labkit.instructor.authoring import is_reveal
-from labkit.instructor.grader.review import cell_names
+from labkit.instructor.grader.course_cells import cell_names
 from test_giveaways import _checked_id, _flat, giveaway_pattern
 from test_reveals import _cell_text, given_away
 

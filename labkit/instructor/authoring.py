@@ -37,7 +37,7 @@ from pathlib import Path
 
 from labkit.core.course import labs
 from labkit.core.resources import load_json
-from labkit.instructor.grader.review import GRADER_SKIPS_TAG
+from labkit.instructor.grader.course_cells import GRADER_SKIPS_TAG
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -185,10 +185,10 @@ def execute(notebook, cwd: Path, timeout_s: int = 600):
 
 def tag_grader_skips(notebook, lab: str) -> None:
     """Tag :data:`GRADER_SKIPS_TAG` on exactly the code cells the grader may skip (the rule of
-    :func:`labkit.instructor.grader.review.skippable_cells`: they check nothing and feed nothing graded), so that a
+    :func:`labkit.instructor.grader.course_cells.skippable_cells`: they check nothing and feed nothing graded), so that a
     submission's grading runs only what its answers need; the learner copy inherits the tags."""
     from labkit.exercises import exercises
-    from labkit.instructor.grader.review import skippable_cells
+    from labkit.instructor.grader.course_cells import skippable_cells
 
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     skip = skippable_cells([cell.source for cell in code], {exercise.function for exercise in exercises(lab)})

@@ -151,7 +151,7 @@ def grade_notebook(path: Path, settings: GradingSettings = GradingSettings()) ->
 
 def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[int]]:
     """The notebook to run, without the course's cells that only measure or draw for the reader (tagged
-    :data:`~labkit.instructor.grader.review.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
+    :data:`~labkit.instructor.grader.course_cells.GRADER_SKIPS_TAG` in the shipped learner notebook, matched by their whole
     source: an edited cell is the learner's and runs; one binding a name the submission's cells read runs too), and
     those cells' indices; None when there are none."""
     import copy
@@ -159,7 +159,7 @@ def _without_measurements(notebook: Any, lab: str) -> tuple[bytes | None, list[i
     import nbformat
 
     from labkit.exercises import exercises
-    from labkit.instructor.grader.review import GRADER_SKIPS_TAG, course_cells, skippable_cells
+    from labkit.instructor.grader.course_cells import GRADER_SKIPS_TAG, course_cells, skippable_cells
 
     skipped = course_cells(lab, GRADER_SKIPS_TAG)
     code = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"]

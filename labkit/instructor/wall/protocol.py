@@ -1,7 +1,7 @@
 """The answering step's handshake, all three ends in one place: the grader (outside the wall), the worker (inside,
 untrusted but not the learner's) and the learner's kernel (where the answering step runs).
 
-Every message is one frame (:func:`labkit.instructor.wall.wire.send_frame`: a length, then the bytes)::
+Every message is one frame (:func:`send_frame`: a length, then the bytes)::
 
     worker -> kernel   the key                        once, before any learner cell (:func:`hand_key`, :func:`take_key`)
     kernel -> worker   signed "go"                    the step started: nothing the notebook ran saw the cases
@@ -19,13 +19,17 @@ Layer 5 (instructor tools).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
+import select
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from labkit.instructor.wall import wire
+from labkit.instructor.wall.wire import WireError
 
 KEY_BYTES = 32
 GO = b"go"
@@ -36,30 +40,99 @@ MAX_SKIPPED_FRAMES = 1000  # what a learner cell may leave on the socket before 
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Frames over a pipe or socket, and signed payloads
+
+_LENGTH = 8  # bytes of the big-endian length before each frame
+SIGNATURE = hashlib.sha256().digest_size
+
+
+def frame(payload: bytes) -> bytes:
+    """``payload`` with its length before it (what :func:`read_frame` reads back).
+
+    >>> frame(b"go")
+    b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02go'
+    """
+    return len(payload).to_bytes(_LENGTH, "big") + payload
+
+
+def send_frame(fd: int, payload: bytes) -> None:
+    """Write one frame to the file descriptor ``fd`` (all of it; blocking)."""
+    view = memoryview(frame(payload))
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def read_frame(fd: int, cap: int, timeout_s: float | None = None) -> bytes:
+    """One frame from ``fd``: never more than ``cap`` bytes kept, never longer than ``timeout_s`` waited.
+
+    Raises :class:`WireError` at the end of the stream, on a frame over the cap, or when the time is up.
+    """
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    header = _read_exactly(fd, _LENGTH, deadline)
+    length = int.from_bytes(header, "big")
+    if length > cap:
+        raise WireError(f"a message of {length:,} bytes, more than the {cap:,} allowed")
+    return _read_exactly(fd, length, deadline)
+
+
+def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
+    chunks, left = [], size
+    while left:
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([fd], [], [], wait)
+        if not ready:
+            raise WireError("no message in time")
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise WireError("the stream ended")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def sign(key: bytes, payload: bytes) -> bytes:
+    """``payload`` signed with ``key`` (HMAC-SHA256 before it): only a holder of the key makes one."""
+    return hmac.new(key, payload, hashlib.sha256).digest() + payload
+
+
+def unsign(key: bytes, signed: bytes) -> bytes:
+    """The payload of :func:`sign`'s output; :class:`WireError` when it was not signed with ``key``.
+
+    >>> unsign(b"k", sign(b"k", b"answers"))
+    b'answers'
+    """
+    mac, payload = signed[:SIGNATURE], signed[SIGNATURE:]
+    if len(mac) != SIGNATURE or not hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).digest()):
+        raise WireError("a message not signed by the grader's answering step")
+    return payload
+
+
+# --------------------------------------------------------------------------------------------------------------
 # The key
 
 
 def hand_key(fd: int) -> bytes:
     """The worker's end: a fresh key, sent to the kernel on ``fd``; returned to check what the kernel signs."""
     key = os.urandom(KEY_BYTES)
-    wire.send_frame(fd, key)
+    send_frame(fd, key)
     return key
 
 
 def take_key(fd: int) -> bytes:
     """The kernel's end: the key the worker sent (before any learner cell ran)."""
-    return wire.read_frame(fd, KEY_BYTES, timeout_s=60)
+    return read_frame(fd, KEY_BYTES, timeout_s=60)
 
 
 def read_signed(fd: int, key: bytes, cap: int, timeout_s: float) -> bytes:
     """The payload of the next frame on ``fd`` signed with ``key``; unsigned frames are skipped."""
     for _ in range(MAX_SKIPPED_FRAMES):
         try:
-            return wire.unsign(key, wire.read_frame(fd, cap, timeout_s))
-        except wire.WireError as error:
+            return unsign(key, read_frame(fd, cap, timeout_s))
+        except WireError as error:
             if "signed" not in str(error):
                 raise
-    raise wire.WireError("no signed message among the frames on the kernel's socket")
+    raise WireError("no signed message among the frames on the kernel's socket")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -76,13 +149,13 @@ def kernel_step(fd: int, sign: Callable[[bytes], bytes], prepare: Callable[[], N
     os.set_blocking(fd, True)  # however a learner cell left it
     try:
         prepare()
-        wire.send_frame(fd, sign(GO))
-        cases = json.loads(wire.read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
+        send_frame(fd, sign(GO))
+        cases = json.loads(read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
         payload: dict[str, Any] = {"answers": answer(cases)}
     except BaseException as error:  # noqa: BLE001 - whatever stopped the step is its error, shown per exercise
         payload = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
     payload["refused"] = refused()
-    wire.send_frame(fd, sign(json.dumps(payload).encode()))
+    send_frame(fd, sign(json.dumps(payload).encode()))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -112,10 +185,10 @@ class WorkerRelay:
         self.armed.wait()
         try:
             if read_signed(self.kernel_fd, self.key, 2**20, self.timeout_s) != GO:
-                raise wire.WireError("the grader's step never started")
+                raise WireError("the grader's step never started")
             from_grader, to_grader = self.grader
-            wire.send_frame(to_grader, json.dumps({"ready": True}).encode())
-            wire.send_frame(self.kernel_fd, wire.read_frame(from_grader, MAX_CASES_BYTES, self.timeout_s))
+            send_frame(to_grader, json.dumps({"ready": True}).encode())
+            send_frame(self.kernel_fd, read_frame(from_grader, MAX_CASES_BYTES, self.timeout_s))
             payload = json.loads(read_signed(self.kernel_fd, self.key, MAX_MESSAGE_BYTES, self.timeout_s))
             self.payload = payload if isinstance(payload, dict) else None
         except Exception as error:  # noqa: BLE001 - reported as the step's error
@@ -128,7 +201,7 @@ class WorkerRelay:
 
 def send_result(to_grader: int, status: dict[str, Any], payload: dict[str, Any] | None) -> None:
     """The worker's one report: the notebook run's status and the kernel's payload (None: no answers)."""
-    wire.send_frame(to_grader, json.dumps({"result": {"status": status, "answers": payload}}).encode())
+    send_frame(to_grader, json.dumps({"result": {"status": status, "answers": payload}}).encode())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -177,15 +250,15 @@ class GraderEnd:
     def exchange(self, read_fd: int, write_fd: int) -> None:
         while True:
             try:
-                message = json.loads(wire.read_frame(read_fd, MAX_RESULT_BYTES))
-            except (wire.WireError, ValueError, RecursionError) as error:
+                message = json.loads(read_frame(read_fd, MAX_RESULT_BYTES))
+            except (WireError, ValueError, RecursionError) as error:
                 self.problem = self.problem or f"its worker's message could not be read ({error})"
                 return
             if not isinstance(message, dict):
                 continue
             if message.get("ready") is True and not self.sent:
                 self.sent = True
-                wire.send_frame(write_fd, self.cases)
+                send_frame(write_fd, self.cases)
             elif "result" in message:
                 self.message = message
                 return

@@ -1,10 +1,8 @@
 """Plain data across the grader's sandbox wall: case inputs going in, the learner's answers coming out.
 
-All of the grader's wire format lives here: values (:func:`to_plain`, :func:`from_plain`), one call's outcome
-(:func:`outcome_to_plain`, :func:`outcome_from_plain`), the frames that carry messages over a pipe or socket
-(:func:`send_frame`, :func:`read_frame`: a length, then that many bytes, never more than a cap) and the
-signature that tells the grader's own answering step from anything else in the learner's kernel
-(:func:`sign`, :func:`unsign`).
+Values (:func:`to_plain`, :func:`from_plain`) and one call's outcome (:func:`outcome_to_plain`,
+:func:`outcome_from_plain`); the frames that carry them and the signature that tells the grader's own answering
+step from anything else in the learner's kernel are the handshake's (:mod:`labkit.instructor.wall.protocol`).
 
 Everything is JSON. A tensor travels as its dtype, shape and raw bytes (base64); a tuple, a dict with keys that
 are not strings, and the few labkit objects an exercise hands the learner (a ``ModelSpec``, a ``ScriptedClock``,
@@ -23,13 +21,8 @@ Layer 5 (instructor tools).
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
-import os
-import select
 import sys
-import time
 from typing import Any
 
 MAX_DEPTH = 20  # nesting deeper than this is not plain data
@@ -291,72 +284,3 @@ def outcome_from_plain(data: Any) -> Any:
     except (WireError, RecursionError, ValueError, TypeError) as error:
         outcome.error = ReportedError("UnreadableAnswer", f"the answer could not be read back: {error}")
     return outcome
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Frames over a pipe or socket, and signed payloads
-
-_LENGTH = 8  # bytes of the big-endian length before each frame
-SIGNATURE = hashlib.sha256().digest_size
-
-
-def frame(payload: bytes) -> bytes:
-    """``payload`` with its length before it (what :func:`read_frame` reads back).
-
-    >>> frame(b"go")
-    b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02go'
-    """
-    return len(payload).to_bytes(_LENGTH, "big") + payload
-
-
-def send_frame(fd: int, payload: bytes) -> None:
-    """Write one frame to the file descriptor ``fd`` (all of it; blocking)."""
-    view = memoryview(frame(payload))
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def read_frame(fd: int, cap: int, timeout_s: float | None = None) -> bytes:
-    """One frame from ``fd``: never more than ``cap`` bytes kept, never longer than ``timeout_s`` waited.
-
-    Raises :class:`WireError` at the end of the stream, on a frame over the cap, or when the time is up.
-    """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    header = _read_exactly(fd, _LENGTH, deadline)
-    length = int.from_bytes(header, "big")
-    if length > cap:
-        raise WireError(f"a message of {length:,} bytes, more than the {cap:,} allowed")
-    return _read_exactly(fd, length, deadline)
-
-
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks, left = [], size
-    while left:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:
-            raise WireError("no message in time")
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            raise WireError("the stream ended")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def sign(key: bytes, payload: bytes) -> bytes:
-    """``payload`` signed with ``key`` (HMAC-SHA256 before it): only a holder of the key makes one."""
-    return hmac.new(key, payload, hashlib.sha256).digest() + payload
-
-
-def unsign(key: bytes, signed: bytes) -> bytes:
-    """The payload of :func:`sign`'s output; :class:`WireError` when it was not signed with ``key``.
-
-    >>> unsign(b"k", sign(b"k", b"answers"))
-    b'answers'
-    """
-    mac, payload = signed[:SIGNATURE], signed[SIGNATURE:]
-    if len(mac) != SIGNATURE or not hmac.compare_digest(mac, hmac.new(key, payload, hashlib.sha256).digest()):
-        raise WireError("a message not signed by the grader's answering step")
-    return payload

@@ -1,0 +1,165 @@
+"""The forbidden functions of an exercise, found and disarmed while its answers are computed (inside the kernel).
+
+:class:`Kit` binds, once and before any learner code, each exercise and the labkit code its reference reaches
+(:func:`labkit.instructor.wall.reach.forbidden_codes`). At the answering step :meth:`Kit.find_copies` finds every
+function object running that code, or a copy of it (the same code object, or the same file, first line and
+qualified name), and :func:`answer_plan` calls the learner's function on each case with all of them
+:func:`disarmed`: their code swapped in place for a tripwire, so every alias, ``partial``, thread or callback that
+holds one reaches the tripwire, and the exercise fails naming it. :mod:`labkit.instructor.wall.answering` runs
+this inside its audit hook and puts this module's functions back as they were bound before it runs.
+
+Layer 5 (instructor tools).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any, Iterator
+
+
+class Kit:
+    """What the answering step uses, bound once: the exercises by id, the labkit code each may not reach, and the
+    checker's call (a learner cell that replaces a module's name later changes nothing here). At the step,
+    :meth:`find_copies` finds every function object running that code, copies included."""
+
+    def __init__(self, chosen: list[Any]) -> None:
+        from labkit.exercises.calling import FLOOD_CHARS, call_safely, plain
+        from labkit.exercises.definitions import Case
+        from labkit.instructor.wall import wire
+        from labkit.instructor.wall.reach import forbidden_codes
+
+        self.exercises = {exercise.id: exercise for exercise in chosen}
+        self.forbidden = {exercise.id: forbidden_codes(exercise) for exercise in chosen}
+        self.targets: dict[str, list[tuple[types.FunctionType, types.CodeType, str]]] = {
+            exercise.id: [] for exercise in chosen}
+        self.call_safely, self.plain, self.Case, self.flood_chars = call_safely, plain, Case, FLOOD_CHARS
+        self.from_plain, self.outcome_to_plain = wire.from_plain, wire.outcome_to_plain
+
+    def find_copies(self, functions: list[types.FunctionType]) -> None:
+        """Each exercise's targets among ``functions``: every one whose code is forbidden code, or a copy of it."""
+        for exercise_id, codes in self.forbidden.items():
+            self.targets[exercise_id] = disarm_targets(codes, functions)
+
+
+def every_function() -> list[types.FunctionType]:
+    """Every Python function object the interpreter holds (exact type: no learner subclass's methods run)."""
+    import gc
+
+    return [item for item in gc.get_objects() if type(item) is types.FunctionType]
+
+
+def _signature(code: types.CodeType) -> tuple[str, int, str]:
+    return code.co_filename, code.co_firstlineno, getattr(code, "co_qualname", code.co_name)
+
+
+def disarm_targets(codes: dict[types.CodeType, str], functions: Any) -> list[tuple[types.FunctionType,
+                                                                                  types.CodeType, str]]:
+    """(function, its code, the name it is reported by) for each of ``functions`` whose code is one of ``codes``
+    or was copied from one (the same file, first line and qualified name): every object that would run it."""
+    by_signature = {_signature(code): name for code, name in codes.items()}
+    found = []
+    for function in functions:
+        code = function.__code__
+        name = codes.get(code) or by_signature.get(_signature(code))
+        if name is not None:
+            found.append((function, code, name))
+    return found
+
+
+@contextlib.contextmanager
+def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reached: list[str]) -> Iterator[None]:
+    """For the duration: each target's code is a tripwire that appends the target's name to ``reached`` and raises
+    ``PermissionError`` (whoever holds the function, in whatever thread); then the original code is back.
+
+    >>> from labkit.core import sampling
+    >>> reached = []
+    >>> with disarmed([(sampling.apply_temperature, sampling.apply_temperature.__code__, "apply_temperature")], reached):
+    ...     try:
+    ...         sampling.apply_temperature(None, 1.0)
+    ...     except PermissionError as error:
+    ...         print(error)
+    labkit grade: apply_temperature may not be used in this exercise, and it is disarmed while it is graded
+    >>> reached, sampling.apply_temperature(__import__("torch").tensor([2.0]), 2.0).tolist()
+    (['apply_temperature'], [1.0])
+    """
+    try:
+        for function, code, name in targets:
+            function.__code__ = _disarming_code(code, name, reached)
+        yield
+    finally:
+        for function, code, _ in targets:
+            function.__code__ = code
+
+
+def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
+    """Code that raises at once, whatever the arguments, under ``code``'s names (so tracebacks and the checker's
+    tripwire still name the function) and with its free variables (a method that calls ``super()``, a function
+    made in a closure: a function's code can only be swapped for code with the same ones). Its one constant is
+    the exception class, so no name is looked up in the function's module, which the learner may have changed."""
+
+    class Disarmed(PermissionError):
+        def __init__(self) -> None:
+            reached.append(name)
+            super().__init__(f"labkit grade: {name} may not be used in this exercise, and it is disarmed while it "
+                             "is graded")
+
+    # Compiled afresh for every target, never kept: a module-level cache of templates would be a learner cell's to
+    # fill with code that does not raise (a compile takes tens of microseconds; an exercise disarms a few dozen).
+    free = code.co_freevars
+    source = ("def outer():\n" + "".join(f"    {word} = None\n" for word in free) +
+              "    def tripwire(*args, **kwargs):\n" + (f"        ({', '.join(free)},)\n" if free else "") +
+              "        raise 'LABKIT_DISARMED'\n    return tripwire\n")
+    outer = compile(source, "<labkit grade>", "exec").co_consts[0]
+    template = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    names = {"co_qualname": code.co_qualname} if hasattr(code, "co_qualname") else {}  # Python 3.11+
+    return template.replace(co_consts=tuple(Disarmed if c == "LABKIT_DISARMED" else c for c in template.co_consts),
+                            co_name=code.co_name, co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
+                            **names)
+
+
+
+def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None = None) -> dict[str, Any]:
+    """Call each exercise's function from ``namespace`` on its cases, its forbidden functions disarmed; what
+    happened, as plain data. ``kit``: what :func:`labkit.instructor.wall.answering.install` bound (by default, the plan's exercises now).
+
+    An exercise stops at the first call that cannot be right whatever labkit's answer is (it raised, ran out of
+    time, reached a forbidden function): the grader's verdict stops there too.
+    """
+    import random
+
+    import torch
+
+    if kit is None:
+        from labkit.exercises import exercises
+
+        kit = Kit([exercise for exercise in exercises() if exercise.id in {item["id"] for item in plan["exercises"]}])
+        kit.find_copies(every_function())
+    answers: dict[str, Any] = {}
+    for item in plan["exercises"]:
+        exercise = kit.exercises.get(item["id"])
+        if exercise is None:  # not an exercise this labkit knows: no answer, and the grader says so
+            continue
+        function = namespace.get(exercise.function)
+        if function is None:
+            answers[exercise.id] = {"missing": True}
+            continue
+        if not callable(function):
+            answers[exercise.id] = {"not_callable": type(function).__name__}
+            continue
+        random.seed(item["seed"])  # a learner's function that draws random numbers draws the same each grading
+        torch.manual_seed(item["seed"])
+        outcomes: list[dict[str, Any]] = []
+        reached: list[str] = []
+        with disarmed(kit.targets[exercise.id], reached):  # until the last answer is plain data
+            for encoded in item["cases"]:
+                args, kwargs = kit.from_plain(encoded, objects=True)
+                outcome = kit.call_safely(exercise, function, kit.Case(tuple(args), dict(kwargs)))
+                if reached and not outcome.called_forbidden:  # in another thread, or caught: reached all the same
+                    outcome.called_forbidden = reached[0]
+                value = kit.plain(outcome.value) if exercise.kind == "prediction" else outcome.value
+                outcomes.append(kit.outcome_to_plain(outcome, value, kit.flood_chars))
+                if outcome.error is not None or outcome.timed_out or outcome.called_forbidden:
+                    break
+        answers[exercise.id] = {"outcomes": outcomes}
+    return answers
