@@ -215,7 +215,7 @@ def test_a_grading_worker_keeps_jsonschemas_iri_grammars_out_from_its_plugins_se
     already imported nbformat (a task's arguments unpickled before its plugin came) keeps the module it has."""
     code = """
 import asyncio, sys
-from labkit.instructor.cluster.workers import GraderPlugin
+from labkit.instructor.cluster.grader_plugin import GraderPlugin
 
 class Worker:
     address = name = "w"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from grading_standins import standin_grader, standin_notebook
-from labkit.instructor.cluster import classroom, jobqueue, workers
+from labkit.instructor.cluster import classroom, grader_plugin, jobqueue, workers
 from labkit.instructor.grader.results import ResultStore
 from labkit.instructor.grader.settings import GradingSettings
 from slurm_cluster import NO_JOBQUEUE, NO_SLURM, our_jobs, single_node_slurm, site_config
@@ -251,13 +251,13 @@ class _Worker:
 
 
 def test_a_worker_past_its_last_start_leaves_once_between_submissions_and_one_without_lifetime_never():
-    plugin = workers.GraderPlugin({}, True, "id", secret=b"s", leave_after_s=100.0)
+    plugin = grader_plugin.GraderPlugin({}, True, "id", secret=b"s", leave_after_s=100.0)
     worker = _Worker()
     assert not plugin.should_leave(worker, age_s=100.0)  # exactly at it: one more submission still fits
     assert plugin.should_leave(worker, age_s=100.5) and plugin.should_leave(worker, age_s=200.0)
-    assert worker.events == [(workers.LEAVING, {"worker": worker.address, "age_s": 100})]
+    assert worker.events == [(grader_plugin.LEAVING, {"worker": worker.address, "age_s": 100})]
     assert worker.callbacks == [(worker.close_gracefully, {"reason": "labkit: leaving before its lifetime"})]
-    forever = workers.GraderPlugin({}, True, "id", secret=b"s")
+    forever = grader_plugin.GraderPlugin({}, True, "id", secret=b"s")
     assert not forever.should_leave(_Worker(), age_s=10**9)
 
 

@@ -158,7 +158,7 @@ def grade_class(folder: Path, out: Path, settings: GradingSettings = GradingSett
     plan = None
     if settings.cluster != "local":
         from labkit.instructor.cluster.jobqueue import plan_jobs
-        from labkit.instructor.cluster.workers import GRADER_MEMORY_BYTES
+        from labkit.instructor.cluster.grader_plugin import GRADER_MEMORY_BYTES
 
         plan = plan_jobs(settings.cluster, settings.jobs, out, settings.deadline_s,
                          settings.limits.total_memory_mb * 2**20 + GRADER_MEMORY_BYTES)
@@ -211,8 +211,8 @@ def _grade_on_cluster(run: _Class, settings: GradingSettings, plan: Any, say: Ca
     """Grade the submissions of ``run.todo``, storing each report as it comes; the number of workers."""
     from tqdm.auto import tqdm
 
-    from labkit.instructor.cluster.workers import (PLUGIN, ClassRun, GraderPlugin, machine_identity, open_client,
-                                                   prepare_model_cache)
+    from labkit.instructor.cluster.grader_plugin import PLUGIN, GraderPlugin, machine_identity, prepare_model_cache
+    from labkit.instructor.cluster.workers import ClassRun, open_client
     from labkit.instructor.grader.grading import read_submission
     from labkit.instructor.grader.results import secret_identity
 

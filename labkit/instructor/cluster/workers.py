@@ -5,11 +5,9 @@ with certificates made for the run); ``--cluster slurm --jobs N`` N batch jobs o
 (:mod:`labkit.instructor.cluster.jobqueue`); ``--scheduler tls://host:8786`` uses a running one (Kubernetes through
 dask-kubernetes, or ``dask scheduler`` / ``dask worker`` by hand). Every way:
 
-- every worker gets :class:`GraderPlugin` before it takes work. It checks that its labkit (version and code), its
-  torch and its model cache are the client's, prepares the model cache once per machine (under a file lock, so
-  workers sharing a disk never race), that it can wall off submissions (bubblewrap), and that it holds the
-  client's secret. A worker that fails any check says why (an event the client prints) and leaves the cluster;
-  nothing is graded without the wall unless the instructor said ``--no-isolation``.
+- every worker gets :class:`~labkit.instructor.cluster.grader_plugin.GraderPlugin` before it takes work: a worker
+  whose labkit, torch, model cache, wall or secret is not the client's says why and leaves the cluster; nothing is
+  graded without the wall unless the instructor said ``--no-isolation``.
 - the secret travels once per worker, inside the plugin, and only over TLS; over plain TCP (allowed on loopback,
   elsewhere only when told in so many words) each worker reads it from its own file and only a hash of it
   travels. Task arguments carry the notebook's bytes, its file name and the limits, never the secret.
@@ -26,12 +24,9 @@ Layer 5 (instructor tools).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import hashlib
 import ipaddress
-import json
 import tempfile
 import time
 import urllib.parse
@@ -39,19 +34,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from distributed import Client, LocalCluster, Reschedule, Security, get_worker, wait
-from distributed.diagnostics.plugin import WorkerPlugin
 
-PLUGIN = "labkit-grader"
-REFUSED = "labkit-refused"
+from labkit.instructor.cluster.grader_plugin import LEAVING, PENDING, REFUSED, current_plugin, plugin_problem
+
 STARTED = "labkit-started"
-LEAVING = "labkit-leaving"
 ALLOWED_FAILURES = 3  # a submission whose worker dies 4 times is reported, not retried for ever
 # One submission per worker thread, none queued behind it on the worker: when a submission kills its worker,
 # Dask counts every task assigned to that worker as suspicious, so a queued classmate would lose one of its
 # allowed failures to a death it had no part in (seen: an honest row became "could not be graded").
 WORKER_SATURATION = 1.0
-PENDING = "not set up yet"  # a worker whose checks are still running
-GRADER_MEMORY_BYTES = 2 * 2**30  # what the grader process itself needs (the model for the judge, the libraries)
 
 
 class NoUsableWorkers(RuntimeError):
@@ -86,127 +77,11 @@ def check_scheduler(address: str, *, insecure_plain_tcp: bool = False) -> str:
     return scheme
 
 
-def prepare_model_cache() -> str:
-    """Build the embedded model's cache if it is missing or broken (one process per machine at a time, under a
-    file lock), then return a hash of its manifest's files: the same weights give the same hash."""
-    import fcntl
-
-    from labkit.runtime.models import gguf_path, load_model
-    from labkit.runtime.sources import EMBEDDED, known_models
-    from labkit.runtime.weights_cache import MANIFEST, cache_dir, cache_problem, expected_header
-
-    source = known_models()[EMBEDDED]
-    directory = cache_dir(source)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / ".labkit-prepare.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if cache_problem(directory, expected_header(source, gguf_path(source))):
-            load_model(progress=False)
-        files = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))["files"]
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def machine_identity() -> dict[str, str]:
-    """What every worker must share with the client: labkit's version and code, torch's version, the model cache."""
-    import torch
-
-    import labkit
-    from labkit.instructor.grader.results import code_identity
-
-    return {"labkit": labkit.__version__, "labkit code": code_identity(), "torch": torch.__version__,
-            "model cache": prepare_model_cache()}
-
-
-class GraderPlugin(WorkerPlugin):
-    """Makes a worker a grader, or has it refuse (the reason goes to the client as a ``labkit-refused`` event)."""
-
-    idempotent = False
-
-    def __init__(self, expected: dict[str, str], isolate: bool, secret_id: str, *, secret: bytes | None = None,
-                 secret_file: str | None = None, leave_after_s: float | None = None) -> None:
-        self.expected, self.isolate, self.secret_id = expected, isolate, secret_id
-        self.secret, self.secret_file = secret, secret_file
-        # A batch job's worker this many seconds old takes no new submission and leaves (its job is replaced):
-        # Dask's --lifetime would cut the submission it runs (dask-jobqueue#122). None: no lifetime.
-        self.leave_after_s, self.leaving = leave_after_s, False
-        self.problem: str | None = PENDING
-
-    async def setup(self, worker: Any) -> None:
-        from labkit.instructor.wall.worker import keep_out_iri_grammars
-
-        keep_out_iri_grammars()  # before grading imports nbformat: 2.9 s of CPU per worker on a 2 GHz Zen 1
-        try:
-            self.problem = await asyncio.get_running_loop().run_in_executor(None, self._check, worker)
-        except Exception as error:  # noqa: BLE001 - any failure of the checks is a refusal with its reason
-            self.problem = f"its checks failed: {type(error).__name__}: {error}"
-        if self.problem:
-            worker.log_event(REFUSED, {"worker": worker.address, "name": str(worker.name), "problem": self.problem})
-            # Leave the cluster (the nanny too, so it is not restarted), after the client had time to ask why.
-            asyncio.get_running_loop().call_later(
-                2, lambda: asyncio.ensure_future(worker.close(nanny=True, reason=f"labkit: {self.problem}")))
-
-    def _check(self, worker: Any) -> str | None:
-        import labkit
-        from labkit.instructor.grader.results import code_identity, secret_identity
-
-        if labkit.__version__ != self.expected["labkit"]:
-            return f"labkit {labkit.__version__} here, {self.expected['labkit']} on the client"
-        if code_identity() != self.expected["labkit code"]:
-            return (f"labkit's code here (hash {code_identity()}) differs from the client's "
-                    f"({self.expected['labkit code']}): the same version, other files")
-        import torch
-
-        if torch.__version__ != self.expected["torch"]:
-            return f"torch {torch.__version__} here, {self.expected['torch']} on the client"
-        limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
-        if limit and limit < GRADER_MEMORY_BYTES:
-            return (f"its memory limit ({limit / 2**30:.1f} GiB) leaves the grader process no room (it needs about "
-                    f"{GRADER_MEMORY_BYTES // 2**30} GiB; start workers with --memory-limit 0: the wall bounds "
-                    "each notebook)")
-        if self.isolate:
-            from labkit.instructor.wall.sandbox import isolation_problem
-
-            problem = isolation_problem()
-            if problem:
-                return f"it cannot wall off submissions: {problem}"
-        if self.secret is None:
-            from labkit.instructor.grader.judging import grading_secret
-
-            try:
-                self.secret = grading_secret(Path(self.secret_file))
-            except (OSError, ValueError) as error:
-                return f"it cannot read the secret file {self.secret_file}: {error}"
-        if secret_identity(self.secret) != self.secret_id:
-            return f"its secret file {self.secret_file} does not hold the client's secret"
-        cache = prepare_model_cache()
-        if cache != self.expected["model cache"]:
-            return f"its model cache (hash {cache}) differs from the client's ({self.expected['model cache']})"
-        return None
-
-    def should_leave(self, worker: Any, age_s: float | None = None) -> bool:
-        """Whether this worker (``age_s`` old) is too old to start another submission; then it leaves, once."""
-        if self.leave_after_s is None:
-            return False
-        if age_s is None:
-            import psutil
-
-            age_s = time.time() - psutil.Process().create_time()  # Dask's --lifetime counts from the start
-        if age_s > self.leave_after_s and not self.leaving:
-            self.leaving = True
-            worker.log_event(LEAVING, {"worker": worker.address, "age_s": round(age_s)})
-            worker.loop.add_callback(worker.close_gracefully, reason="labkit: leaving before its lifetime")
-        return self.leaving
-
-
-def _plugin() -> GraderPlugin | None:
-    return get_worker().plugins.get(PLUGIN)
-
-
 def grade_task(name: str, data: bytes, settings: Any, grader: Callable[..., Any] | None = None) -> dict[str, Any]:
     """Runs on a worker: one submission (its file name and bytes) graded, walled off, with ``settings`` and the
     worker's own secret. ``{"report": SubmissionReport}``, or ``{"error": ...}`` when the grader itself failed (not
     stored: the next run tries again)."""
-    plugin = _plugin()
+    plugin = current_plugin()
     if plugin is None or plugin.problem or plugin.should_leave(get_worker()):
         raise Reschedule()  # a worker that refused, or is too old for one more, takes no submission
     worker = get_worker()
@@ -343,7 +218,7 @@ class ClassRun:
                     raise NoUsableWorkers(f"no worker of the cluster can grade: {len(watch.explained)} jobs ended "
                                           f"before their workers joined: {reasons} (their logs: "
                                           f"{watch.cluster._dummy_job.log_directory})")
-            states = self.client.run(_plugin_problem, on_error="return")
+            states = self.client.run(plugin_problem, on_error="return")
             problems = {worker: state for worker, state in states.items()
                         if isinstance(state, str) and state != PENDING}
             for worker, problem in problems.items():
@@ -402,11 +277,6 @@ class ClassRun:
         cancelled in Dask; their walls can)."""
         with contextlib.suppress(Exception):
             self.client.run(_stop_sandboxes, wait=True, on_error="ignore")
-
-
-def _plugin_problem(dask_worker: Any = None) -> str | None:
-    plugin = (dask_worker or get_worker()).plugins.get(PLUGIN)
-    return "labkit's grader plugin is not installed" if plugin is None else plugin.problem
 
 
 def _outcome(future: Any) -> dict[str, Any]:

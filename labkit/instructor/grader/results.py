@@ -19,6 +19,8 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
+
 from labkit.instructor.grader.reports import SubmissionReport
 
 STORE = "results"
