@@ -185,9 +185,9 @@ def test_limits_refuse_nonsense_with_the_argument_named():
 
 
 def test_root_without_a_pids_cgroup_says_processes_are_not_bounded(monkeypatch):
-    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_pids_cgroup", lambda max_procs: None)
-    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_memory_cgroup", lambda memory_mb: None)
-    monkeypatch.setattr("labkit.instructor.wall.kernel_limits.make_cpu_cgroup", lambda cpu_percent: None)
+    monkeypatch.setattr("labkit.instructor.wall.cgroups.make_pids_cgroup", lambda max_procs: None)
+    monkeypatch.setattr("labkit.instructor.wall.cgroups.make_memory_cgroup", lambda memory_mb: None)
+    monkeypatch.setattr("labkit.instructor.wall.cgroups.make_cpu_cgroup", lambda cpu_percent: None)
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with Confinement(Limits()) as confinement:
         assert confinement.describe()["processes"].startswith("not enforced")
