@@ -259,11 +259,8 @@ def _grade_on_cluster(run: _Class, settings: GradingSettings, plan: Any, say: Ca
                     meter.update(1)
                     meter.set_postfix(failures=len(run.failures), refresh=False)
 
-                def load(path: Path, key: str) -> Callable[[], bytes]:
-                    return lambda: read_submission(path)
-
-                class_run.run([(key, path.name, load(path, key)) for key, path in run.todo.items()], done,
-                              window=max(4, 2 * workers))
+                class_run.run([(key, path.name, functools.partial(read_submission, path))
+                               for key, path in run.todo.items()], done, window=max(4, 2 * workers))
             except KeyboardInterrupt:
                 class_run.stop()  # every sandbox on every worker ends now; a local cluster closes with its processes
                 raise

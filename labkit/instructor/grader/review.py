@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import re
 from typing import Any
 
 from labkit.instructor.grader.course_cells import course_cells, python_of
@@ -256,9 +257,8 @@ def _findings(tree: ast.AST, references: set[str], imported: dict[str, str], ext
                 if needle in node.value:
                     yield line, f"the string {node.value[:40]!r}: {what}"
             for word in names:
-                if word in node.value and len(word) > 4 and word.strip("_") == word.strip("_"):
-                    if word in node.value.replace(" ", "") and _spelled(node.value, word):
-                        yield line, f"the string {node.value[:40]!r} spells {word}: {names[word]}"
+                if len(word) > 4 and _spelled(node.value, word):
+                    yield line, f"the string {node.value[:40]!r} spells {word}: {names[word]}"
         elif isinstance(node, ast.ClassDef) and any(_dotted(base) in ("torch.Tensor", "Tensor") for base in node.bases):
             yield line, f"class {node.name}(torch.Tensor): a tensor type whose comparisons can lie"
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
@@ -321,13 +321,9 @@ def _routes(tree: ast.AST, imported: dict[str, str]):
 
 
 def _spelled(text: str, word: str) -> bool:
-    """``word`` stands in ``text`` as an identifier would (not inside a longer word, e.g. 'killed' for 'kill')."""
-    start = text.find(word)
-    while start != -1:
-        before = text[start - 1] if start else " "
-        end = start + len(word)
-        after = text[end] if end < len(text) else " "
-        if not (before.isalnum() or before == "_") and not (after.isalnum() or after == "_"):
-            return True
-        start = text.find(word, start + 1)
-    return False
+    """``word`` stands in ``text`` as an identifier would (not inside a longer word, e.g. 'killed' for 'kill').
+
+    >>> _spelled("os.kill(pid)", "kill"), _spelled("it was killed", "kill")
+    (True, False)
+    """
+    return word in text and re.search(rf"(?<!\w){re.escape(word)}(?!\w)", text) is not None
