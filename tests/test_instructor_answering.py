@@ -327,14 +327,87 @@ def test_a_function_of_the_step_replaced_in_a_cell_is_put_back_before_it_runs():
     assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1
 
 
-def test_the_disarming_replaced_in_a_cell_is_put_back_before_the_step_runs():
+def test_the_disarming_replaced_in_a_cell_changes_nothing_the_step_does():
     """A cell that makes the disarming a no-op (so the reference on a pool's thread, out of the checker's tripwire,
-    would answer) changes nothing: the step puts the disarming module's functions back as install() bound them,
+    would answer) changes nothing: the step runs its own copies of the disarming's functions, made at install,
     and the reference reached from the pool is still disarmed."""
-    cells = ["import contextlib\nimport labkit.instructor.wall.disarming as disarming\n"
-             "@contextlib.contextmanager\ndef disarmed(targets, reached):\n    yield\n"
-             "disarming.disarmed = disarmed\n", *ATTACKS["pool_reference"]]
+    cells = ["import labkit.instructor.wall.disarming as disarming\n"
+             "disarming.disarm = disarming.rearm = disarming.find_copies = lambda *args, **kwargs: None\n"
+             "disarming.every_function = lambda: []\n", *ATTACKS["pool_reference"]]
     got = answer(cells)
     assert got.points("00.softmax_temperature") == 0, got.details("00.softmax_temperature")
     assert "calls labkit's own" in got.details("00.softmax_temperature")
     assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1
+
+
+# A cell that would switch the audit hook off, each way the hook once read something a cell could change: its sets
+# of events emptied, its test of a library's file answered by a replaced os.path.abspath, its class's __call__
+# replaced (the hook was an object then). The search of the interpreter's objects is refused all the same.
+UNHOOKING = {
+    "its_sets_emptied": ("import labkit.instructor.wall.answering as hook\n"
+                         "hook._ALWAYS = hook._IN_STEP = frozenset()\n"),
+    "a_learner_frame_passed_for_a_librarys": ("import os.path\n"
+                                              "os.path.abspath = lambda path: '/usr/lib/python3/dist-packages/x.py'\n"),
+    "its_class_call_replaced": ("import labkit.instructor.wall.answering as hook\n"
+                                "for name in dir(hook):\n"
+                                "    if name.startswith('_Trace'):\n"
+                                "        getattr(hook, name).__call__ = lambda self, event, args: None\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNHOOKING))
+def test_a_cell_cannot_switch_the_audit_hook_off(name):
+    probe = ("import gc\ntry:\n    found = len(gc.get_objects())\n    print('SEARCHED', found)\n"
+             "except PermissionError:\n    print('REFUSED')\n")
+    got = answer([UNHOOKING[name] + probe, SAMPLE, PREDICTION])
+    assert "REFUSED" in got.output and "SEARCHED" not in got.output, (name, got.output[-500:])
+    assert "searches the interpreter's objects" in "; ".join(finding.what for finding in got.review), name
+
+
+# What the step reads after a learner cell could have changed it: a module's names, a library module's functions,
+# the interpreter's built-ins. Each cell below, if the step read the changed value, would leave the reference
+# armed, and the pool's thread (out of the checker's tripwire) would answer with it.
+REBOUND = {
+    "the_disarming_module_types": (
+        "import types as real\nimport labkit.instructor.wall.disarming as disarming\n"
+        "class Fake:\n    CodeType = real.CodeType\n    FunctionType = type(None)\n"
+        "disarming.types = Fake\n"),
+    "gc_finding_nothing": "import gc\ngc.get_objects = lambda *args, **kwargs: []\n",
+    "gc_module_swapped": ("import sys, types\nfake = types.ModuleType('gc')\nfake.get_objects = lambda *a, **k: []\n"
+                          "sys.modules['gc'] = fake\n"),
+    "builtin_type_lies": ("import builtins, types\nreal_type = builtins.type\n"
+                          "def lying_type(*args):\n"
+                          "    found = real_type(*args)\n"
+                          "    return real_type(None) if len(args) == 1 and found is types.FunctionType else found\n"
+                          "builtins.type = lying_type\n"),
+    # The step's own serialisation, after the exercises' functions are armed again: json's functions replaced
+    # in a cell see the cases going in and could rewrite the answers coming out with the reference's.
+    "json_rewrites_the_answers": (
+        "import json\nfrom labkit.core import sampling\nfrom labkit.instructor.wall import wire\n"
+        "real_dumps, real_loads, seen = json.dumps, json.loads, {}\n"
+        "def loads(text, *args, **kwargs):\n"
+        "    value = real_loads(text, *args, **kwargs)\n"
+        "    if isinstance(value, dict) and 'exercises' in value:\n"
+        "        seen['plan'] = value\n"
+        "    return value\n"
+        "def dumps(value, *args, **kwargs):\n"
+        "    if isinstance(value, dict) and 'answers' in value and 'plan' in seen:\n"
+        "        for item in seen['plan']['exercises']:\n"
+        "            if item['id'] == '00.softmax_temperature':\n"
+        "                outcomes = []\n"
+        "                for encoded in item['cases']:\n"
+        "                    args_, kwargs_ = wire.from_plain(encoded, objects=True)\n"
+        "                    outcomes.append({'printed': '', 'timed_out': False, 'forbidden': None, 'mutated': None,\n"
+        "                                     'value': wire.to_plain(sampling.softmax_with_temperature(*args_, **kwargs_))})\n"
+        "                value['answers']['00.softmax_temperature'] = {'outcomes': outcomes}\n"
+        "    return real_dumps(value, *args, **kwargs)\n"
+        "json.loads, json.dumps = loads, dumps\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REBOUND))
+def test_what_the_step_reads_is_what_install_bound(name):
+    got = answer([REBOUND[name], *ATTACKS["pool_reference"]])
+    assert got.points("00.softmax_temperature") == 0, (name, got.details("00.softmax_temperature"))
+    if name != "builtin_type_lies":  # a lying type() breaks the learner's own calls (torch's, labkit's): all fail
+        assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1, name

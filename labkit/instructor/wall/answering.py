@@ -45,8 +45,9 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
-from labkit.instructor.wall import disarming
-from labkit.instructor.wall.disarming import Kit, answer_plan, every_function
+from labkit.instructor.wall import disarming, protocol
+from labkit.instructor.wall.disarming import Kit, answer_plan, every_function, find_copies
+from labkit.instructor.wall.protocol import kernel_end, kernel_step, take_key
 
 ANSWER_EVENT = "labkit.answer"
 PREPARE_EVENT = "labkit.answer.next"  # the next event is the answering one: the hook may be traced for it
@@ -84,7 +85,42 @@ def prologue(fd: int, lab: str) -> str:
 
 
 def install(fd: int, lab: str) -> None:
-    """Bind the answering step and add the audit hook (the worker's first cell, before any learner code)."""
+    """Bind the answering step and add the audit hook (the worker's first cell, before any learner code).
+
+    Both run on copies of this module's, the disarming's and the protocol's functions over private copies of their
+    modules' names and of the built-ins, made here (:func:`private_functions`): whatever a learner cell replaces
+    later (a module's name, a built-in such as ``type``, a set such as the events the hook judges, a library's
+    function such as ``os.path.abspath``, bound here too), the hook and the step read what was bound now. A cell
+    that emptied the hook's set of events once read the signing key; one that replaced ``json.dumps``, the answers.
+    """
+    private_functions([globals(), vars(disarming), vars(protocol)])[_install](fd, lab)
+
+
+def private_functions(namespaces: list[dict[str, Any]]) -> dict[types.FunctionType, types.FunctionType]:
+    """Each function defined in one of ``namespaces`` (modules' globals) -> its copy, running the same code over a
+    private copy of its module's names, in which every such function is its copy and the built-ins are a private
+    copy too. What a copy reads, nothing else holds: a learner cell that replaces a module's name or a built-in
+    later changes the module, not the copy. (Functions nested in a copy share its names; a class's methods do not,
+    so the step calls no method of a class of ours.)"""
+    import builtins
+
+    own_builtins = dict(vars(builtins))
+    copies = [{**names, "__builtins__": own_builtins} for names in namespaces]
+    twins: dict[types.FunctionType, types.FunctionType] = {}
+    for names, copy in zip(namespaces, copies):
+        for value in names.values():
+            if type(value) is types.FunctionType and value.__globals__ is names:
+                twin = types.FunctionType(value.__code__, copy, value.__name__, value.__defaults__, value.__closure__)
+                twin.__kwdefaults__ = value.__kwdefaults__
+                twins[value] = twin
+    for copy in copies:
+        for name, value in list(copy.items()):
+            if type(value) is types.FunctionType and value in twins:
+                copy[name] = twins[value]
+    return twins
+
+
+def _install(fd: int, lab: str) -> None:
     import linecache
     import os
     import sys
@@ -95,16 +131,17 @@ def install(fd: int, lab: str) -> None:
     import labkit
     from labkit.exercises import calling, exercises
     from labkit.exercises.deadline import Deadline
-    from labkit.instructor.wall import protocol
 
-    key: bytes | None = protocol.take_key(fd)
+    key: bytes | None = take_key(fd)
+    end = kernel_end(fd)  # the step's way in and out, bound now
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
-    library = tuple(os.path.abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
-        "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(os.path.abspath(labkit.__file__))})
+    abspath, getline, gettrace, getprofile = os.path.abspath, linecache.getline, sys.gettrace, sys.getprofile
+    code_type, function_type = types.CodeType, types.FunctionType
+    library = tuple(abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
+        "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(abspath(labkit.__file__))})
     # "call": (when the learner's function's time limit started, the limit, the checker's deadline), read from the
     # checker's own frame when it switches its tripwire on; "bottom": the step's frame, below which nothing is the learner's.
-    state: dict[str, Any] = {"busy": False, "step": False, "refused": [], "call": None, "bottom": None,
-                             "next_traced": False}
+    state: dict[str, Any] = {"busy": False, "step": False, "refused": [], "call": None, "bottom": None}
     known: dict[str, bool] = {}
     try:
         from IPython import get_ipython
@@ -113,28 +150,23 @@ def install(fd: int, lab: str) -> None:
     except ImportError:
         shell = None
     kit = Kit(exercises(lab))  # the exercises and their functions to disarm, bound before any learner code
+    kit.encode = end[2]  # each exercise's answers become text while its functions are still disarmed
     setters = (calling.call_safely.__code__,)  # compared by identity: hashing a code runs its names' __hash__
     deadline_code = (Deadline._on_alarm.__code__, Deadline.arm_trace.__code__, Deadline.stop.__code__)
-    processes_filter = no_new_processes()  # built now (libseccomp is found by running ldconfig), loaded at the step
-    # This module's functions and classes as they are now: the step puts them back before it runs, so a learner
-    # cell that replaced one (answer_plan, disarmed...) changes nothing the step calls.
-    own = [(module_globals, {name: value for name, value in module_globals.items()
-                             if isinstance(value, (types.FunctionType, type))})
-           for module_globals in (globals(), vars(disarming))]  # and the disarming's, whose answer_plan it runs
-    every = every_function
+    load_filter = no_new_processes()  # built now (libseccomp is found by running ldconfig), loaded at the step
     main_thread = get_ident()
-    labkit_files = os.path.dirname(os.path.abspath(labkit.__file__)) + os.sep
+    labkit_files = os.path.dirname(abspath(labkit.__file__)) + os.sep
 
     def is_library(filename: Any) -> bool:
         if type(filename) is not str:
             return False
         found = known.get(filename)
         if found is None:
-            found = known[filename] = filename.startswith("<frozen ") or os.path.abspath(filename).startswith(library)
+            found = known[filename] = filename.startswith("<frozen ") or abspath(filename).startswith(library)
         return found
 
     def is_labkit_file(filename: Any) -> bool:
-        return type(filename) is str and os.path.abspath(filename).startswith(labkit_files)
+        return type(filename) is str and abspath(filename).startswith(labkit_files)
 
     def one_of(code: Any, codes: tuple) -> bool:
         return any(code is known_code for known_code in codes)
@@ -154,18 +186,18 @@ def install(fd: int, lab: str) -> None:
         a copy of labkit's own code, whoever's frame does the building."""
         if event == "function.__new__":
             code = args[0] if args else None
-            return type(code) is types.CodeType and is_labkit_file(code.co_filename)
+            return type(code) is code_type and is_labkit_file(code.co_filename)
         if event == "code.__new__":
             return len(args) > 1 and is_labkit_file(args[1])
         if len(args) > 2 and args[1] == "__code__":  # object.__setattr__ / __delattr__ on a function's code
             target, value = args[0], args[2]
-            return ((type(target) is types.FunctionType and is_labkit_file(target.__code__.co_filename)) or
-                    (type(value) is types.CodeType and is_labkit_file(value.co_filename)))
+            return ((type(target) is function_type and is_labkit_file(target.__code__.co_filename)) or
+                    (type(value) is code_type and is_labkit_file(value.co_filename)))
         return False
 
     def refuse(what: str, frame: Any, record: bool = True) -> None:
         filename = frame.f_code.co_filename if frame is not None else None
-        text = linecache.getline(filename, frame.f_lineno).strip() if type(filename) is str else ""
+        text = getline(filename, frame.f_lineno).strip() if type(filename) is str else ""
         if record and len(state["refused"]) < 20:
             state["refused"].append({"what": what, "line": getattr(frame, "f_lineno", 0), "text": text[:200]})
         raise PermissionError(f"labkit grade: a graded notebook may not do this: {what}")
@@ -178,20 +210,18 @@ def install(fd: int, lab: str) -> None:
 
     def hook(event: str, args: tuple) -> None:
         if event == PREPARE_EVENT:  # honoured only where the worker raises it: the main thread, nothing tracing
-            state["next_traced"] = (get_ident() == main_thread and sys.gettrace() is None and
-                                    sys.getprofile() is None)
+            hook.__cantrace__ = get_ident() == main_thread and gettrace() is None and getprofile() is None
             return
+        hook.__cantrace__ = False
         if event == ANSWER_EVENT:
-            state["next_traced"] = False
             if not state["step"]:
                 step()
             return
-        state["next_traced"] = False
         if state["busy"] or not (event in _ALWAYS or event in _IN_STEP or event.startswith("ctypes.")):
             return
         state["busy"] = True  # nothing below calls a method of a learner's object: only exact types are read
         try:
-            judge(event, args, getframe(2))  # below this function and _Traceable's call
+            judge(event, args, getframe(1))  # the frame that raised the event
         finally:
             state["busy"] = False
 
@@ -245,72 +275,65 @@ def install(fd: int, lab: str) -> None:
         namespace = shell.user_ns if shell is not None else {}
 
         def prepare() -> None:
-            for module_globals, functions in own:
-                module_globals.update(functions)
-            processes_filter.load()  # from here on the kernel itself refuses a new process or program
+            load_filter()  # from here on the kernel itself refuses a new process or program
             state["busy"] = True  # the grader's own search: nothing in it is the learner's
             try:
-                kit.find_copies(every())
+                find_copies(kit, every_function())
             finally:
                 state["busy"] = False
 
         try:
-            protocol.kernel_step(fd, sign, prepare, lambda cases: answer_plan(namespace, cases, kit),
-                                 lambda: list(state["refused"]))
+            kernel_step(end, sign, prepare, lambda cases: answer_plan(namespace, cases, kit),
+                        lambda: list(state["refused"]))
         finally:
             state["step"] = False
 
     # The key lives only in the signer's keyword default, a read the hook refuses to anyone; the signer signs only
     # for the step's own frame. So a frame a learner reaches (a signal handler gets one) yields neither.
-    sign = _signer(key, (protocol.kernel_step.__code__, step.__code__), getframe)
+    sign = _signer(key, (kernel_step.__code__, step.__code__), getframe)
     key = None
 
     # CPython runs audit hooks untraced unless the hook says it may be traced (``__cantrace__``, read at every
     # event). The step runs inside the hook and must be traced (the checker's time limit and tripwire), so the
     # hook is traceable only for the event after the worker's PREPARE_EVENT, its answering event; every other
-    # event, the step's own included, runs untraced: the checker's tripwire never sees the grader's code.
-    sys.addaudithook(_Traceable(hook, state))
+    # event, the step's own included, runs untraced: the checker's tripwire never sees the grader's code. The hook
+    # is this function itself, not an object of a class of ours, whose methods a cell could replace.
+    hook.__cantrace__ = False
+    sys.addaudithook(hook)
 
 
 def _signer(key: bytes, callers: tuple[types.CodeType, types.CodeType],
             getframe: Callable[[int], Any]) -> Callable[[bytes], bytes]:
     """``sign(payload)``: the payload signed with ``key``, only for the step's own messages: its caller runs
     ``callers[0]`` (the protocol's kernel end), called by a frame running ``callers[1]`` (the step). The key is the
-    function's keyword default (its closure holds no secret); the audit hook refuses every read of it."""
-    from labkit.instructor.wall.protocol import sign as sign_with
+    function's keyword default (its closure holds no secret); the audit hook refuses every read of it. The HMAC is
+    OpenSSL's, bound now: the key never passes through Python code a learner cell could replace (``hmac``'s)."""
+    from _hashlib import hmac_digest
 
     def sign(payload: bytes, *, _key: bytes = b"") -> bytes:
         caller = getframe(1)
         if caller.f_code is not callers[0] or caller.f_back is None or caller.f_back.f_code is not callers[1]:
             raise PermissionError("labkit grade: only the grader's answering step signs")
-        return sign_with(_key, payload)
+        return hmac_digest(_key, payload, "sha256") + payload
 
     sign.__kwdefaults__ = {"_key": key}
     return sign
 
 
-class _Traceable:
-    """The audit hook, traceable only when ``state["next_traced"]`` says the next event is the answering one."""
+def no_new_processes() -> Callable[[], None]:
+    """``load()``: once called, keeps every thread of this process from starting a process or running a program:
+    the kernel refuses ``fork``, ``vfork``, ``clone`` of a process, ``clone3`` and ``execve`` (a seccomp filter on
+    every thread, libseccomp's, that cannot be removed). ``_posixsubprocess``, ``multiprocessing`` and
+    ``os.posix_spawn`` raise ``PermissionError``. New threads stay allowed: torch's OpenMP may start its pool
+    during the step, and libgomp aborts the process when it cannot (what a new thread can reach is disarmed all
+    the same).
 
-    def __init__(self, hook: Callable[[str, tuple], None], state: dict[str, Any]) -> None:
-        self._hook, self._state = hook, state
-
-    def __call__(self, event: str, args: tuple) -> None:
-        self._hook(event, args)
-
-    @property
-    def __cantrace__(self) -> bool:
-        return self._state["next_traced"] is True
-
-
-def no_new_processes() -> Any:
-    """A seccomp filter which, once its ``load()`` is called, keeps every thread of this process from starting a
-    process or running a program: the kernel refuses ``fork``,
-    ``vfork``, ``clone`` of a process, ``clone3`` and ``execve`` (a seccomp filter on every thread, libseccomp's,
-    that cannot be removed). ``_posixsubprocess``, ``multiprocessing`` and ``os.posix_spawn`` raise
-    ``PermissionError``. New threads stay allowed: torch's OpenMP may start its pool during the step, and libgomp
-    aborts the process when it cannot (what a new thread can reach is disarmed all the same)."""
+    The filter is built now; ``load()`` hands it to the kernel through a libseccomp function of its own (not
+    pyseccomp's, whose methods and library object a learner cell could replace), then reads back from the kernel
+    (``/proc/self/status``) that one more filter is in place, and raises if not."""
+    import ctypes
     import errno
+    import os
 
     import pyseccomp as seccomp
 
@@ -320,7 +343,32 @@ def no_new_processes() -> Any:
         rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
     rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_THREAD, 0))
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: the C library falls back
-    return rules
+    seccomp_load = ctypes.CDLL(seccomp._libseccomp._name).seccomp_load  # a library object nobody else holds
+    seccomp_load.argtypes, seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
+    handle, open_, read, close = rules._filter, os.open, os.read, os.close
+
+    def filters() -> tuple[int, bool]:
+        """How many seccomp filters the kernel says this process has, and whether it counts them (Linux 5.9+;
+        before, 1 for "some", 0 for none)."""
+        descriptor = open_("/proc/self/status", os.O_RDONLY)
+        try:
+            status = read(descriptor, 1 << 16).decode()
+        finally:
+            close(descriptor)
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if "Seccomp_filters" in fields:
+            return int(fields["Seccomp_filters"]), True
+        return int(fields.get("Seccomp", "0").strip() == "2"), False
+
+    def load() -> None:
+        before, counted = filters()
+        loaded = seccomp_load(handle)
+        after, _ = filters()
+        if loaded != 0 or after != (before + 1 if counted else 1):
+            raise PermissionError("labkit grade: the filter that keeps the step from starting processes did not load")
+
+    load.rules = rules  # kept alive with the filter's handle
+    return load
 
 
 def _process_memory(path: Any) -> bool:

@@ -6,7 +6,9 @@ function object running that code, or a copy of it (the same code object, or the
 qualified name), and :func:`answer_plan` calls the learner's function on each case with all of them
 :func:`disarmed`: their code swapped in place for a tripwire, so every alias, ``partial``, thread or callback that
 holds one reaches the tripwire, and the exercise fails naming it. :mod:`labkit.instructor.wall.answering` runs
-this inside its audit hook and puts this module's functions back as they were bound before it runs.
+this inside its audit hook, on copies of these functions over a private copy of this module's names and the
+built-ins made before any learner code: what the step reads here, a cell cannot have replaced (the objects it
+needs from other modules, ``gc.get_objects`` and the function and code types, are bound as this module loads).
 
 Layer 5 (instructor tools).
 """
@@ -14,14 +16,20 @@ Layer 5 (instructor tools).
 from __future__ import annotations
 
 import contextlib
+import gc
 import types
 from typing import Any, Iterator
+
+# Bound as the module loads (before any learner cell, in the grader's kernel): a cell may later replace
+# gc.get_objects or the types module's names, which these keep out of the step.
+_get_objects, _FunctionType, _CodeType = gc.get_objects, types.FunctionType, types.CodeType
 
 
 class Kit:
     """What the answering step uses, bound once: the exercises by id, the labkit code each may not reach, and the
     checker's call (a learner cell that replaces a module's name later changes nothing here). At the step,
-    :meth:`find_copies` finds every function object running that code, copies included."""
+    :func:`find_copies` finds every function object running that code, copies included. ``encode``: how the step
+    writes an exercise's answers as JSON text while its functions are still disarmed (None: kept as plain data)."""
 
     def __init__(self, chosen: list[Any]) -> None:
         from labkit.exercises.calling import FLOOD_CHARS, call_safely, plain
@@ -35,18 +43,19 @@ class Kit:
             exercise.id: [] for exercise in chosen}
         self.call_safely, self.plain, self.Case, self.flood_chars = call_safely, plain, Case, FLOOD_CHARS
         self.from_plain, self.outcome_to_plain = wire.from_plain, wire.outcome_to_plain
+        self.encode: Any = None
 
-    def find_copies(self, functions: list[types.FunctionType]) -> None:
-        """Each exercise's targets among ``functions``: every one whose code is forbidden code, or a copy of it."""
-        for exercise_id, codes in self.forbidden.items():
-            self.targets[exercise_id] = disarm_targets(codes, functions)
+
+# Functions, not methods: a class's attributes are a learner cell's to replace, these (the step's copies) are not.
+def find_copies(kit: Kit, functions: list[types.FunctionType]) -> None:
+    """Each exercise's targets among ``functions``: every one whose code is forbidden code, or a copy of it."""
+    for exercise_id, codes in kit.forbidden.items():
+        kit.targets[exercise_id] = disarm_targets(codes, functions)
 
 
 def every_function() -> list[types.FunctionType]:
     """Every Python function object the interpreter holds (exact type: no learner subclass's methods run)."""
-    import gc
-
-    return [item for item in gc.get_objects() if type(item) is types.FunctionType]
+    return [item for item in _get_objects() if type(item) is _FunctionType]
 
 
 def _signature(code: types.CodeType) -> tuple[str, int, str]:
@@ -67,10 +76,23 @@ def disarm_targets(codes: dict[types.CodeType, str], functions: Any) -> list[tup
     return found
 
 
+def disarm(targets: list[tuple[types.FunctionType, types.CodeType, str]], reached: list[str]) -> None:
+    """Each target's code becomes a tripwire that appends the target's name to ``reached`` and raises
+    ``PermissionError`` (whoever holds the function, in whatever thread), until :func:`rearm`."""
+    for function, code, name in targets:
+        function.__code__ = _disarming_code(code, name, reached)
+
+
+def rearm(targets: list[tuple[types.FunctionType, types.CodeType, str]]) -> None:
+    """Each target's own code back."""
+    for function, code, _ in targets:
+        function.__code__ = code
+
+
 @contextlib.contextmanager
 def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reached: list[str]) -> Iterator[None]:
-    """For the duration: each target's code is a tripwire that appends the target's name to ``reached`` and raises
-    ``PermissionError`` (whoever holds the function, in whatever thread); then the original code is back.
+    """:func:`disarm` for the duration, then :func:`rearm` (the step calls those two itself: contextlib's classes
+    are a learner cell's to replace).
 
     >>> from labkit.core import sampling
     >>> reached = []
@@ -84,12 +106,10 @@ def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reac
     (['apply_temperature'], [1.0])
     """
     try:
-        for function, code, name in targets:
-            function.__code__ = _disarming_code(code, name, reached)
+        disarm(targets, reached)
         yield
     finally:
-        for function, code, _ in targets:
-            function.__code__ = code
+        rearm(targets)
 
 
 def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
@@ -111,7 +131,7 @@ def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> type
               "    def tripwire(*args, **kwargs):\n" + (f"        ({', '.join(free)},)\n" if free else "") +
               "        raise 'LABKIT_DISARMED'\n    return tripwire\n")
     outer = compile(source, "<labkit grade>", "exec").co_consts[0]
-    template = next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+    template = next(c for c in outer.co_consts if isinstance(c, _CodeType))
     names = {"co_qualname": code.co_qualname} if hasattr(code, "co_qualname") else {}  # Python 3.11+
     return template.replace(co_consts=tuple(Disarmed if c == "LABKIT_DISARMED" else c for c in template.co_consts),
                             co_name=code.co_name, co_filename=code.co_filename, co_firstlineno=code.co_firstlineno,
@@ -121,7 +141,8 @@ def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> type
 
 def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None = None) -> dict[str, Any]:
     """Call each exercise's function from ``namespace`` on its cases, its forbidden functions disarmed; what
-    happened, as plain data. ``kit``: what :func:`labkit.instructor.wall.answering.install` bound (by default, the plan's exercises now).
+    happened, as plain data (as JSON text per exercise when ``kit.encode`` is set). ``kit``: what
+    :func:`labkit.instructor.wall.answering.install` bound (by default, the plan's exercises now).
 
     An exercise stops at the first call that cannot be right whatever labkit's answer is (it raised, ran out of
     time, reached a forbidden function): the grader's verdict stops there too.
@@ -134,24 +155,28 @@ def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None
         from labkit.exercises import exercises
 
         kit = Kit([exercise for exercise in exercises() if exercise.id in {item["id"] for item in plan["exercises"]}])
-        kit.find_copies(every_function())
+        find_copies(kit, every_function())
     answers: dict[str, Any] = {}
+    kept = kit.encode or (lambda answer: answer)
     for item in plan["exercises"]:
         exercise = kit.exercises.get(item["id"])
         if exercise is None:  # not an exercise this labkit knows: no answer, and the grader says so
             continue
         function = namespace.get(exercise.function)
         if function is None:
-            answers[exercise.id] = {"missing": True}
+            answers[exercise.id] = kept({"missing": True})
             continue
         if not callable(function):
-            answers[exercise.id] = {"not_callable": type(function).__name__}
+            answers[exercise.id] = kept({"not_callable": type(function).__name__})
             continue
         random.seed(item["seed"])  # a learner's function that draws random numbers draws the same each grading
         torch.manual_seed(item["seed"])
         outcomes: list[dict[str, Any]] = []
         reached: list[str] = []
-        with disarmed(kit.targets[exercise.id], reached):  # until the last answer is plain data
+        # Disarmed until this exercise's answers are text (kit.encode): nothing the learner's code left behind (a
+        # thread, an object whose contents change later) can rewrite them once its functions are armed again.
+        disarm(kit.targets[exercise.id], reached)
+        try:
             for encoded in item["cases"]:
                 args, kwargs = kit.from_plain(encoded, objects=True)
                 outcome = kit.call_safely(exercise, function, kit.Case(tuple(args), dict(kwargs)))
@@ -161,5 +186,7 @@ def answer_plan(namespace: dict[str, Any], plan: dict[str, Any], kit: Kit | None
                 outcomes.append(kit.outcome_to_plain(outcome, value, kit.flood_chars))
                 if outcome.error is not None or outcome.timed_out or outcome.called_forbidden:
                     break
-        answers[exercise.id] = {"outcomes": outcomes}
+            answers[exercise.id] = kept({"outcomes": outcomes})
+        finally:
+            rearm(kit.targets[exercise.id])
     return answers

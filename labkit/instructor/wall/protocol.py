@@ -139,23 +139,84 @@ def read_signed(fd: int, key: bytes, cap: int, timeout_s: float) -> bytes:
 # The kernel's end
 
 
-def kernel_step(fd: int, sign: Callable[[bytes], bytes], prepare: Callable[[], None],
-                answer: Callable[[dict[str, Any]], dict[str, Any]], refused: Callable[[], list[dict[str, Any]]]) -> None:
-    """The answering step's messages: ``prepare()``, signed "go", the cases, then ``answer(cases)`` signed with
-    what was ``refused()``. Whatever stops the step is its error (every exercise then fails with it).
+def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float], bytes], Callable[[Any], str],
+                                 Callable[[str], Any]]:
+    """The kernel's end of the socket ``fd``, made before any learner cell: (send a frame, receive one within a cap
+    and a time, plain data as JSON text, JSON text as plain data), closures over C functions bound now (``os.read``,
+    ``os.write``, ``select.select``, ``_json``'s encoder and scanner, the built-ins they need). A learner cell may
+    later replace any module's function, a class's method or a built-in; the step uses none of them to carry the
+    cases in or the answers out (a cell that replaced ``json.dumps`` once rewrote the answers before they were
+    signed, and one that replaced ``json.loads`` saw every exercise's cases before the first was answered).
+    The JSON is ``json.dumps``'s own, byte for byte, for the plain data the wire carries."""
+    import _json
+    from types import SimpleNamespace
+
+    read, write, wait, monotonic, blocking = os.read, os.write, select.select, time.monotonic, os.set_blocking
+    size, most, least, view_of, join_text, join_bytes = len, max, min, memoryview, "".join, b"".join
+    error, from_bytes = WireError, int.from_bytes
+    encoder = _json.make_encoder(None, _not_plain, _json.encode_basestring_ascii, None, ": ", ", ", False, False,
+                                 False)
+    scanner = _json.make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None,
+                                                 parse_float=float, parse_int=int, parse_constant=float, memo={}))
+
+    def send(payload: bytes) -> None:
+        blocking(fd, True)  # however a learner cell left it
+        view = view_of(size(payload).to_bytes(_LENGTH, "big") + payload)
+        while view:
+            view = view[write(fd, view):]
+
+    def exactly(count: int, deadline: float) -> bytes:
+        chunks, left = [], count
+        while left:
+            if not wait([fd], [], [], most(0.0, deadline - monotonic()))[0]:
+                raise error("no message in time")
+            chunk = read(fd, least(left, 1 << 20))
+            if not chunk:
+                raise error("the stream ended")
+            chunks.append(chunk)
+            left -= size(chunk)
+        return join_bytes(chunks)
+
+    def receive(cap: int, timeout_s: float) -> bytes:
+        deadline = monotonic() + timeout_s
+        length = from_bytes(exactly(_LENGTH, deadline), "big")
+        if length > cap:
+            raise error(f"a message of {length} bytes, more than the {cap} allowed")
+        return exactly(length, deadline)
+
+    def encode(value: Any) -> str:
+        return join_text(encoder(value, 0))
+
+    def decode(text: str) -> Any:
+        value, end = scanner(text, 0)
+        if end != size(text):
+            raise error("not one JSON value")
+        return value
+
+    return send, receive, encode, decode
+
+
+def _not_plain(value: Any) -> None:
+    raise TypeError(f"not plain data: {type(value).__name__}")
+
+
+def kernel_step(end: tuple, sign: Callable[[bytes], bytes], prepare: Callable[[], None],
+                answer: Callable[[dict[str, Any]], dict[str, str]], refused: Callable[[], list[dict[str, Any]]]) -> None:
+    """The answering step's messages over ``end`` (:func:`kernel_end`): ``prepare()``, signed "go", the cases, then
+    ``answer(cases)`` (each exercise's answers as JSON text) signed with what was ``refused()``. Whatever stops the
+    step is its error (every exercise then fails with it).
 
     ``sign`` signs for its caller's frame only when that frame runs the step's own code, so it is called here
     through the step's frame: see :func:`labkit.instructor.wall.answering.install`."""
-    os.set_blocking(fd, True)  # however a learner cell left it
+    send, receive, encode, decode = end
     try:
         prepare()
-        send_frame(fd, sign(GO))
-        cases = json.loads(read_frame(fd, MAX_CASES_BYTES, timeout_s=600))
-        payload: dict[str, Any] = {"answers": answer(cases)}
+        send(sign(GO))
+        answers = answer(decode(receive(MAX_CASES_BYTES, 600).decode()))
+        text = '{"answers": {' + ", ".join([encode(key) + ": " + value for key, value in answers.items()]) + "}"
     except BaseException as error:  # noqa: BLE001 - whatever stopped the step is its error, shown per exercise
-        payload = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-    payload["refused"] = refused()
-    send_frame(fd, sign(json.dumps(payload).encode()))
+        text = '{"error": ' + encode(f"{type(error).__name__}: {str(error)[:300]}")
+    send(sign((text + ', "refused": ' + encode(refused()) + "}").encode()))
 
 
 # --------------------------------------------------------------------------------------------------------------
