@@ -85,3 +85,27 @@ def test_only_the_key_holder_signs():
                    signed[:-1] + b"!"):
         with pytest.raises(wire.WireError, match="not signed"):
             protocol.unsign(key, forged)
+
+
+def test_the_kernels_end_writes_and_reads_json_as_json_does_and_frames_as_the_worker_reads():
+    import json
+    import math
+
+    read_end, write_end = os.pipe()
+    try:
+        send, receive, encode, decode = protocol.kernel_end(write_end)
+        value = {"answers": {"00.x": [1, -2.5, None, True, "caf\u00e9\n\"q\"", {"k": [math.inf]}]}, 3: "int key"}
+        assert encode(value) == json.dumps(value)
+        assert decode(json.dumps(value)) == json.loads(json.dumps(value))
+        with pytest.raises(wire.WireError, match="not one JSON value"):
+            decode('{"a": 1} x')
+        with pytest.raises(TypeError, match="not plain data: ModelSpec"):
+            encode({"spec": ModelSpec.__new__(ModelSpec)})
+        send(b"answers")
+        assert protocol.read_frame(read_end, cap=100, timeout_s=5) == b"answers"
+        protocol.send_frame(write_end, b"cases")
+        _, receive_here, _, _ = protocol.kernel_end(read_end)
+        assert receive_here(100, 5) == b"cases"
+    finally:
+        os.close(read_end)
+        os.close(write_end)

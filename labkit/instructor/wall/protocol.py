@@ -154,8 +154,9 @@ def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float],
     read, write, wait, monotonic, blocking = os.read, os.write, select.select, time.monotonic, os.set_blocking
     size, most, least, view_of, join_text, join_bytes = len, max, min, memoryview, "".join, b"".join
     error, from_bytes = WireError, int.from_bytes
+    # json.dumps's defaults: no indent, ASCII, keys unsorted, NaN allowed (markers None: the data is a tree)
     encoder = _json.make_encoder(None, _not_plain, _json.encode_basestring_ascii, None, ": ", ", ", False, False,
-                                 False)
+                                 True)
     scanner = _json.make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None,
                                                  parse_float=float, parse_int=int, parse_constant=float, memo={}))
 
