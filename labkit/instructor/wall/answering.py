@@ -21,8 +21,10 @@ Then it receives the case inputs (nothing the notebook ran before could have see
 exercise's function (:func:`labkit.exercises.calling.call_safely`: copies, time limit, the checker's tripwire on
 calls into labkit) with all of that exercise's functions **disarmed** (:mod:`labkit.instructor.wall.disarming`):
 their code swapped in place for a tripwire for the duration, so every alias, copy, ``partial``, thread, pool,
-listener or callback that holds them reaches the tripwire, and that exercise fails, naming the function. Nothing is guessed: the answers go
-back signed, so nothing a learner cell wrote can pass for them.
+listener or callback that holds them reaches the tripwire, and that exercise fails, naming the function. Nothing
+is guessed: the answers go back signed, so nothing a learner cell wrote can pass for them. The hook and the step
+read only what this first cell bound (:func:`install`): a cell that rebinds a module's name, a library's function
+or a built-in changes nothing they do.
 
 The hook refuses (a ``PermissionError`` where the learner's code did it) what would reach around the disarming or
 into the step, and records each refusal with its line for the instructor's review. Whose doing an event is: the
