@@ -411,3 +411,19 @@ def test_what_the_step_reads_is_what_install_bound(name):
     assert got.points("00.softmax_temperature") == 0, (name, got.details("00.softmax_temperature"))
     if name != "builtin_type_lies":  # a lying type() breaks the learner's own calls (torch's, labkit's): all fail
         assert got.points("00.sample_token") == 2 and got.points("00.predict_tokenizer") == 1, name
+
+
+def test_a_property_of_the_checkers_deadline_never_runs_inside_the_hook():
+    """The hook once read the checker's deadline's fields while it judged an event, ignoring every other event
+    meanwhile: a property a cell put on the Deadline class ran there, free to search the interpreter's objects (and
+    find the signing key). The hook now reads a float in the checker's frame and its own clock."""
+    cell = ("from labkit.exercises import check\nfrom labkit.exercises.deadline import Deadline\nimport gc\nLOG = []\n"
+            "def started(self):\n"
+            "    try:\n        gc.get_objects()\n        LOG.append('SEARCHED')\n"
+            "    except PermissionError:\n        LOG.append('REFUSED')\n"
+            "    return self.__dict__.get('_kept_started', 0.0)\n"
+            "def keep_started(self, value):\n    self.__dict__['_kept_started'] = value\n"
+            "Deadline._started = property(started, keep_started)\n"
+            "check('00.sample_token')\nprint('LOG', LOG)\n")
+    got = answer([SAMPLE, cell, PREDICTION])
+    assert "LOG" in got.output and "SEARCHED" not in got.output, got.output[-800:]

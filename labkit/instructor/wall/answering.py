@@ -137,12 +137,16 @@ def _install(fd: int, lab: str) -> None:
     key: bytes | None = take_key(fd)
     end = kernel_end(fd)  # the step's way in and out, bound now
     getframe, monotonic, get_ident = sys._getframe, time.monotonic, threading.get_ident
-    abspath, getline, gettrace, getprofile = os.path.abspath, linecache.getline, sys.gettrace, sys.getprofile
+    # Library functions the hook calls are C functions bound now; its Python helpers (os.path.abspath, linecache's
+    # functions) would run a module's names a cell can rebind, inside the hook, with every event ignored meanwhile.
+    abspath, gettrace, getprofile = os.path.abspath, sys.gettrace, sys.getprofile
+    lines_of = linecache.cache if type(linecache.cache) is dict else {}  # IPython files each cell's source there
     code_type, function_type = types.CodeType, types.FunctionType
     library = tuple(abspath(p) + os.sep for p in {*(sysconfig.get_paths()[k] for k in (
         "stdlib", "platstdlib", "purelib", "platlib")), os.path.dirname(abspath(labkit.__file__))})
-    # "call": (when the learner's function's time limit started, the limit, the checker's deadline), read from the
-    # checker's own frame when it switches its tripwire on; "bottom": the step's frame, below which nothing is the learner's.
+    # "call": (when the learner's function's time limit started, by the hook's clock, and the limit, a float read from
+    # the checker's own frame) when it switches its tripwire on; "bottom": the step's frame, below which nothing is
+    # the learner's.
     state: dict[str, Any] = {"busy": False, "step": False, "refused": [], "call": None, "bottom": None}
     known: dict[str, bool] = {}
     try:
@@ -164,11 +168,12 @@ def _install(fd: int, lab: str) -> None:
             return False
         found = known.get(filename)
         if found is None:
-            found = known[filename] = filename.startswith("<frozen ") or abspath(filename).startswith(library)
+            # as the file name stands: an imported module's is absolute and normalized (sys.path's entries are)
+            found = known[filename] = filename.startswith(("<frozen ", *library))
         return found
 
     def is_labkit_file(filename: Any) -> bool:
-        return type(filename) is str and abspath(filename).startswith(labkit_files)
+        return type(filename) is str and filename.startswith(labkit_files)
 
     def one_of(code: Any, codes: tuple) -> bool:
         return any(code is known_code for known_code in codes)
@@ -199,16 +204,20 @@ def _install(fd: int, lab: str) -> None:
 
     def refuse(what: str, frame: Any, record: bool = True) -> None:
         filename = frame.f_code.co_filename if frame is not None else None
-        text = getline(filename, frame.f_lineno).strip() if type(filename) is str else ""
+        entry = lines_of.get(filename) if type(filename) is str else None  # (size, time, lines, name)
+        lines = entry[2] if type(entry) is tuple and len(entry) > 2 and type(entry[2]) is list else []
+        line = lines[frame.f_lineno - 1] if 0 < frame.f_lineno <= len(lines) else ""
+        text = line.strip() if type(line) is str else ""
         if record and len(state["refused"]) < 20:
             state["refused"].append({"what": what, "line": getattr(frame, "f_lineno", 0), "text": text[:200]})
         raise PermissionError(f"labkit grade: a graded notebook may not do this: {what}")
 
     def past_its_limit() -> bool:
         """Whether the learner's function now answering has run past its time limit, from when its time limit
-        started (the hook's clock, not the learner's: read before the learner's code ran)."""
-        call = state["call"]  # (its start, its limit, the checker's deadline, which says when it expired)
-        return call is not None and (monotonic() - call[0] >= call[1] or call[2].expired is True)
+        started (the hook's clock, not the learner's: read before the learner's code ran; the limit's own timer
+        starts a few microseconds earlier, which the 50 ms of slack covers)."""
+        call = state["call"]  # (its start, its limit)
+        return call is not None and monotonic() - call[0] >= call[1] - 0.05
 
     def hook(event: str, args: tuple) -> None:
         if event == PREPARE_EVENT:  # honoured only where the worker raises it: the main thread, nothing tracing
@@ -247,10 +256,10 @@ def _install(fd: int, lab: str) -> None:
         culprit = frame if not is_library(code.co_filename) else None
         if event in _TRACE_EVENTS:
             if one_of(code, setters):  # the checker switching its tripwire: on as a function starts, off as it ends
-                # (the step's calls, and the notebook's own check in a cell): its deadline is the checker's own,
-                # made before the learner's code runs
-                watch = frame.f_locals.get("deadline")
-                state["call"] = None if state["call"] else (float(watch._started), float(watch.limit_s), watch)
+                # (the step's calls, and the notebook's own check in a cell): its limit is the checker's own, a float
+                # in its frame (an exact one: nothing of a learner's class is read here)
+                limit = frame.f_locals.get("limit_s")
+                state["call"] = None if state["call"] or type(limit) is not float else (monotonic(), limit)
                 return
             if one_of(code, deadline_code):
                 return  # the time limit arming or ending its own trace
