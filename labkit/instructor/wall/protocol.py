@@ -46,49 +46,16 @@ _LENGTH = 8  # bytes of the big-endian length before each frame
 SIGNATURE = hashlib.sha256().digest_size
 
 
-def frame(payload: bytes) -> bytes:
-    """``payload`` with its length before it (what :func:`read_frame` reads back).
-
-    >>> frame(b"go")
-    b'\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02go'
-    """
-    return len(payload).to_bytes(_LENGTH, "big") + payload
-
-
 def send_frame(fd: int, payload: bytes) -> None:
-    """Write one frame to the file descriptor ``fd`` (all of it; blocking)."""
-    view = memoryview(frame(payload))
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    """Write one frame to the file descriptor ``fd``: its length (8 bytes, big-endian), then ``payload``."""
+    channel(fd)[0](payload)
 
 
 def read_frame(fd: int, cap: int, timeout_s: float | None = None) -> bytes:
-    """One frame from ``fd``: never more than ``cap`` bytes kept, never longer than ``timeout_s`` waited.
-
-    Raises :class:`WireError` at the end of the stream, on a frame over the cap, or when the time is up.
+    """One frame from ``fd``: never more than ``cap`` bytes kept, never longer than ``timeout_s`` waited (None:
+    no limit). Raises :class:`WireError` at the end of the stream, on a frame over the cap, or when the time is up.
     """
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    header = _read_exactly(fd, _LENGTH, deadline)
-    length = int.from_bytes(header, "big")
-    if length > cap:
-        raise WireError(f"a message of {length:,} bytes, more than the {cap:,} allowed")
-    return _read_exactly(fd, length, deadline)
-
-
-def _read_exactly(fd: int, size: int, deadline: float | None) -> bytes:
-    chunks, left = [], size
-    while left:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _, _ = select.select([fd], [], [], wait)
-        if not ready:
-            raise WireError("no message in time")
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            raise WireError("the stream ended")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    return channel(fd)[1](cap, timeout_s)
 
 
 def sign(key: bytes, payload: bytes) -> bytes:
@@ -139,26 +106,13 @@ def read_signed(fd: int, key: bytes, cap: int, timeout_s: float) -> bytes:
 # The kernel's end
 
 
-def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float], bytes], Callable[[Any], str],
-                                 Callable[[str], Any]]:
-    """The kernel's end of the socket ``fd``, made before any learner cell: (send a frame, receive one within a cap
-    and a time, plain data as JSON text, JSON text as plain data), closures over C functions bound now (``os.read``,
-    ``os.write``, ``select.select``, ``_json``'s encoder and scanner, the built-ins they need). A learner cell may
-    later replace any module's function, a class's method or a built-in; the step uses none of them to carry the
-    cases in or the answers out (a cell that replaced ``json.dumps`` once rewrote the answers before they were
-    signed, and one that replaced ``json.loads`` saw every exercise's cases before the first was answered).
-    The JSON is ``json.dumps``'s own, byte for byte, for the plain data the wire carries."""
-    import _json
-    from types import SimpleNamespace
-
+def channel(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float | None], bytes]]:
+    """(send a frame, receive one within a cap and a time) on ``fd``: closures over C functions bound now
+    (``os.read``, ``os.write``, ``select.select`` and the built-ins they need), so that what a learner cell rebinds
+    later (any module's function, a class's method, a built-in) is not on their path. Every end frames this way."""
     read, write, wait, monotonic, blocking = os.read, os.write, select.select, time.monotonic, os.set_blocking
-    size, most, least, view_of, join_text, join_bytes = len, max, min, memoryview, "".join, b"".join
+    size, most, least, view_of, join_bytes = len, max, min, memoryview, b"".join
     error, from_bytes = WireError, int.from_bytes
-    # json.dumps's defaults: no indent, ASCII, keys unsorted, NaN allowed (markers None: the data is a tree)
-    encoder = _json.make_encoder(None, _not_plain, _json.encode_basestring_ascii, None, ": ", ", ", False, False,
-                                 True)
-    scanner = _json.make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None,
-                                                 parse_float=float, parse_int=int, parse_constant=float, memo={}))
 
     def send(payload: bytes) -> None:
         blocking(fd, True)  # however a learner cell left it
@@ -166,10 +120,10 @@ def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float],
         while view:
             view = view[write(fd, view):]
 
-    def exactly(count: int, deadline: float) -> bytes:
+    def exactly(count: int, deadline: float | None) -> bytes:
         chunks, left = [], count
         while left:
-            if not wait([fd], [], [], most(0.0, deadline - monotonic()))[0]:
+            if not wait([fd], [], [], None if deadline is None else most(0.0, deadline - monotonic()))[0]:
                 raise error("no message in time")
             chunk = read(fd, least(left, 1 << 20))
             if not chunk:
@@ -178,12 +132,29 @@ def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float],
             left -= size(chunk)
         return join_bytes(chunks)
 
-    def receive(cap: int, timeout_s: float) -> bytes:
-        deadline = monotonic() + timeout_s
+    def receive(cap: int, timeout_s: float | None) -> bytes:
+        deadline = None if timeout_s is None else monotonic() + timeout_s
         length = from_bytes(exactly(_LENGTH, deadline), "big")
         if length > cap:
             raise error(f"a message of {length} bytes, more than the {cap} allowed")
         return exactly(length, deadline)
+
+    return send, receive
+
+
+def json_codec() -> tuple[Callable[[Any], str], Callable[[str], Any]]:
+    """(plain data as JSON text, JSON text as plain data): ``_json``'s C encoder and scanner bound now, so a cell
+    that replaces ``json.dumps`` or ``json.loads`` later is not on their path. The text is ``json.dumps``'s own,
+    byte for byte, for the plain data the wire carries."""
+    import _json
+    from types import SimpleNamespace
+
+    size, join_text, error = len, "".join, WireError
+    # json.dumps's defaults: no indent, ASCII, keys unsorted, NaN allowed (markers None: the data is a tree)
+    encoder = _json.make_encoder(None, _not_plain, _json.encode_basestring_ascii, None, ": ", ", ", False, False,
+                                 True)
+    scanner = _json.make_scanner(SimpleNamespace(strict=True, object_hook=None, object_pairs_hook=None,
+                                                 parse_float=float, parse_int=int, parse_constant=float, memo={}))
 
     def encode(value: Any) -> str:
         return join_text(encoder(value, 0))
@@ -194,7 +165,15 @@ def kernel_end(fd: int) -> tuple[Callable[[bytes], None], Callable[[int, float],
             raise error("not one JSON value")
         return value
 
-    return send, receive, encode, decode
+    return encode, decode
+
+
+def kernel_end(fd: int) -> tuple:
+    """The kernel's end of the socket ``fd``, made before any learner cell: (send, receive) of :func:`channel` and
+    (encode, decode) of :func:`json_codec`. The step carries the cases in and the answers out through these alone
+    (a cell that replaced ``json.dumps`` once rewrote the answers before they were signed, and one that replaced
+    ``json.loads`` saw every exercise's cases before the first was answered)."""
+    return (*channel(fd), *json_codec())
 
 
 def _not_plain(value: Any) -> None:
