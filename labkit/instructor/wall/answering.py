@@ -11,9 +11,10 @@ The answering step runs inside that hook, when the worker's last cell raises the
 :data:`ANSWER_EVENT`: a learner cell cannot replace it, only stop it (then there are no answers, and every
 exercise fails with the reason). Before it signs "go" it
 
-- loads a seccomp filter (libseccomp's, :func:`no_new_processes`): from then on the kernel itself refuses every
-  thread of this process a new process or program (``fork``, ``clone`` of a process, ``execve``), whatever starts
-  it (``subprocess``, ``_posixsubprocess``, ``multiprocessing``, ``os.posix_spawn``, C code);
+- loads a seccomp filter (libseccomp's, :mod:`labkit.instructor.wall.seccomp_filter`): from then on the kernel
+  itself refuses every thread of this process a new process or program (``fork``, ``clone`` of a process,
+  ``execve``), whatever starts it (``subprocess``, ``_posixsubprocess``, ``multiprocessing``, ``os.posix_spawn``,
+  C code);
 - finds every function object of the interpreter running code an exercise may not reach, or a copy of it (the
   same code object, or the same file, first line and qualified name).
 
@@ -47,9 +48,10 @@ from __future__ import annotations
 import types
 from typing import Any, Callable
 
-from labkit.instructor.wall import disarming, protocol
+from labkit.instructor.wall import disarming, protocol, seccomp_filter
 from labkit.instructor.wall.disarming import Kit, answer_plan, every_function, find_copies
 from labkit.instructor.wall.protocol import kernel_end, kernel_step, take_key
+from labkit.instructor.wall.seccomp_filter import no_new_processes
 
 ANSWER_EVENT = "labkit.answer"
 PREPARE_EVENT = "labkit.answer.next"  # the next event is the answering one: the hook may be traced for it
@@ -67,7 +69,6 @@ _ALWAYS = frozenset({"code.__new__", "function.__new__", "marshal.loads", "marsh
 # the step by its file, first line and name.
 _BUILDS = frozenset({"code.__new__", "function.__new__", "object.__setattr__", "object.__delattr__"})
 _TRACE_EVENTS = frozenset({"sys.setprofile", "sys.settrace"})
-_CLONE_THREAD = 0x00010000
 _IN_STEP = frozenset({"sys._getframe", "sys._current_frames", "os.fork", "os.forkpty", "os.system", "os.exec",
                       "os.posix_spawn", "os.spawn", "subprocess.Popen", "os.kill", "os.killpg"})
 _WHAT = {"code.__new__": "builds a code object", "function.__new__": "builds a function from a code object",
@@ -89,13 +90,14 @@ def prologue(fd: int, lab: str) -> str:
 def install(fd: int, lab: str) -> None:
     """Bind the answering step and add the audit hook (the worker's first cell, before any learner code).
 
-    Both run on copies of this module's, the disarming's and the protocol's functions over private copies of their
-    modules' names and of the built-ins, made here (:func:`private_functions`): whatever a learner cell replaces
-    later (a module's name, a built-in such as ``type``, a set such as the events the hook judges, a library's
-    function such as ``os.path.abspath``, bound here too), the hook and the step read what was bound now. A cell
-    that emptied the hook's set of events once read the signing key; one that replaced ``json.dumps``, the answers.
+    Both run on copies of this module's, the disarming's, the protocol's and the seccomp filter's functions over
+    private copies of their modules' names and of the built-ins, made here (:func:`private_functions`): whatever a
+    learner cell replaces later (a module's name, a built-in such as ``type``, a set such as the events the hook
+    judges, a library's function such as ``gc.get_objects``, bound here too), the hook and the step read what was
+    bound now. A cell that emptied the hook's set of events once read the signing key; one that replaced
+    ``json.dumps``, the answers.
     """
-    private_functions([globals(), vars(disarming), vars(protocol)])[_install](fd, lab)
+    private_functions([globals(), vars(disarming), vars(protocol), vars(seccomp_filter)])[_install](fd, lab)
 
 
 def private_functions(namespaces: list[dict[str, Any]]) -> dict[types.FunctionType, types.FunctionType]:
@@ -329,57 +331,6 @@ def _signer(key: bytes, callers: tuple[types.CodeType, types.CodeType],
 
     sign.__kwdefaults__ = {"_key": key}
     return sign
-
-
-def no_new_processes() -> Callable[[], None]:
-    """``load()``: once called, keeps every thread of this process from starting a process or running a program:
-    the kernel refuses ``fork``, ``vfork``, ``clone`` of a process, ``clone3`` and ``execve`` (a seccomp filter on
-    every thread, libseccomp's, that cannot be removed). ``_posixsubprocess``, ``multiprocessing`` and
-    ``os.posix_spawn`` raise ``PermissionError``. New threads stay allowed: torch's OpenMP may start its pool
-    during the step, and libgomp aborts the process when it cannot (what a new thread can reach is disarmed all
-    the same).
-
-    The filter is built now; ``load()`` hands it to the kernel through a libseccomp function of its own (not
-    pyseccomp's, whose methods and library object a learner cell could replace), then reads back from the kernel
-    (``/proc/self/status``) that one more filter is in place, and raises if not."""
-    import ctypes
-    import errno
-    import os
-
-    import pyseccomp as seccomp
-
-    rules = seccomp.SyscallFilter(defaction=seccomp.ALLOW)
-    rules.set_attr(seccomp.Attr.CTL_TSYNC, 1)  # every thread of the process, not only this one
-    for name in ("fork", "vfork", "execve", "execveat"):
-        rules.add_rule(seccomp.ERRNO(errno.EPERM), name)
-    rules.add_rule(seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, _CLONE_THREAD, 0))
-    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")  # its flags are out of reach: the C library falls back
-    seccomp_load = ctypes.CDLL(seccomp._libseccomp._name).seccomp_load  # a library object nobody else holds
-    seccomp_load.argtypes, seccomp_load.restype = [ctypes.c_void_p], ctypes.c_int
-    handle, open_, read, close = rules._filter, os.open, os.read, os.close
-
-    def filters() -> tuple[int, bool]:
-        """How many seccomp filters the kernel says this process has, and whether it counts them (Linux 5.9+;
-        before, 1 for "some", 0 for none)."""
-        descriptor = open_("/proc/self/status", os.O_RDONLY)
-        try:
-            status = read(descriptor, 1 << 16).decode()
-        finally:
-            close(descriptor)
-        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        if "Seccomp_filters" in fields:
-            return int(fields["Seccomp_filters"]), True
-        return int(fields.get("Seccomp", "0").strip() == "2"), False
-
-    def load() -> None:
-        before, counted = filters()
-        loaded = seccomp_load(handle)
-        after, _ = filters()
-        if loaded != 0 or after != (before + 1 if counted else 1):
-            raise PermissionError("labkit grade: the filter that keeps the step from starting processes did not load")
-
-    load.rules = rules  # kept alive with the filter's handle
-    return load
 
 
 def _process_memory(path: Any) -> bool:
