@@ -21,14 +21,10 @@ from typing import Any
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
 
-PLUGIN = "labkit-grader"
-
-REFUSED = "labkit-refused"
-
-LEAVING = "labkit-leaving"
-
+PLUGIN = "labkit-grader"  # its name on every worker
+REFUSED = "labkit-refused"  # the event a worker that refuses sends the client
+LEAVING = "labkit-leaving"  # ... and one that leaves before its lifetime
 PENDING = "not set up yet"  # a worker whose checks are still running
-
 GRADER_MEMORY_BYTES = 2 * 2**30  # what the grader process itself needs (the model for the judge, the libraries)
 
 
@@ -144,10 +140,11 @@ class GraderPlugin(WorkerPlugin):
         return self.leaving
 
 
-def current_plugin() -> GraderPlugin | None:
-    return get_worker().plugins.get(PLUGIN)
+def current_plugin(dask_worker: Any = None) -> GraderPlugin | None:
+    """The grader plugin of ``dask_worker`` (by default, the worker running this task), or None."""
+    return (dask_worker or get_worker()).plugins.get(PLUGIN)
 
 
 def plugin_problem(dask_worker: Any = None) -> str | None:
-    plugin = (dask_worker or get_worker()).plugins.get(PLUGIN)
+    plugin = current_plugin(dask_worker)
     return "labkit's grader plugin is not installed" if plugin is None else plugin.problem

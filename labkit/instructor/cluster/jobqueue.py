@@ -7,8 +7,8 @@ each choice printed once:
 - one single-threaded worker per job (``cores=1, processes=1``), the nanny's memory limit off (``--memory-limit 0``:
   the sandbox bounds each notebook, which the nanny cannot see);
 - a ``--lifetime`` under the walltime, computed from it, and workers that stop taking submissions when one more
-  might not finish before it (:class:`~labkit.instructor.cluster.grader_plugin.GraderPlugin`'s ``leave_after_s``): a job's end
-  never cuts a submission short;
+  might not finish before it (:class:`~labkit.instructor.cluster.grader_plugin.GraderPlugin`'s ``leave_after_s``):
+  a job's end never cuts a submission short;
 - TLS with certificates made for the run (the scheduler runs in this process; dask-jobqueue writes the workers'
   copies to a folder beside the output, removed when the run ends);
 - the scheduler's worker-saturation at 1.0 and its allowed failures (as for the local cluster);

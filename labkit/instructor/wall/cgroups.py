@@ -14,6 +14,8 @@ import os
 import uuid
 from pathlib import Path
 
+CPU_PERIOD_US = 100_000  # the CFS period the quota is a share of
+
 
 def _hierarchy(controller: str) -> Path | None:
     """The directory under which this process may make a cgroup of ``controller`` (v1 or v2), or None."""
@@ -53,8 +55,6 @@ def make_memory_cgroup(memory_mb: int) -> Path | None:
     return (_make_cgroup("memory", [("memory.limit_in_bytes", limit)],
                          [("memory.memsw.limit_in_bytes", limit), ("memory.swappiness", "0")])
             or _make_cgroup("memory", [("memory.max", limit)], [("memory.swap.max", "0")]))
-
-CPU_PERIOD_US = 100_000  # the CFS period the quota is a share of
 
 
 def make_cpu_cgroup(cpu_percent: int) -> Path | None:

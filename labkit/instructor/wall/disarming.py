@@ -1,11 +1,11 @@
 """The forbidden functions of an exercise, found and disarmed while its answers are computed (inside the kernel).
 
 :class:`Kit` binds, once and before any learner code, each exercise and the labkit code its reference reaches
-(:func:`labkit.instructor.wall.reach.forbidden_codes`). At the answering step :meth:`Kit.find_copies` finds every
+(:func:`labkit.instructor.wall.reach.forbidden_codes`). At the answering step :func:`find_copies` finds every
 function object running that code, or a copy of it (the same code object, or the same file, first line and
 qualified name), and :func:`answer_plan` calls the learner's function on each case with all of them
-:func:`disarmed`: their code swapped in place for a tripwire, so every alias, ``partial``, thread or callback that
-holds one reaches the tripwire, and the exercise fails naming it. :mod:`labkit.instructor.wall.answering` runs
+disarmed (:func:`disarm`, then :func:`rearm`): their code swapped in place for a tripwire, so every alias,
+``partial``, thread or callback that holds one reaches the tripwire, and the exercise fails naming it. :mod:`labkit.instructor.wall.answering` runs
 this inside its audit hook, on copies of these functions over a private copy of this module's names and the
 built-ins made before any learner code: what the step reads here, a cell cannot have replaced (the objects it
 needs from other modules, ``gc.get_objects`` and the function and code types, are bound as this module loads).
@@ -15,10 +15,9 @@ Layer 5 (instructor tools).
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import types
-from typing import Any, Iterator
+from typing import Any
 
 # Bound as the module loads (before any learner cell, in the grader's kernel): a cell may later replace
 # gc.get_objects or the types module's names, which these keep out of the step.
@@ -78,7 +77,20 @@ def disarm_targets(codes: dict[types.CodeType, str], functions: Any) -> list[tup
 
 def disarm(targets: list[tuple[types.FunctionType, types.CodeType, str]], reached: list[str]) -> None:
     """Each target's code becomes a tripwire that appends the target's name to ``reached`` and raises
-    ``PermissionError`` (whoever holds the function, in whatever thread), until :func:`rearm`."""
+    ``PermissionError`` (whoever holds the function, in whatever thread), until :func:`rearm`.
+
+    >>> from labkit.core import sampling
+    >>> reached, target = [], (sampling.apply_temperature, sampling.apply_temperature.__code__, "apply_temperature")
+    >>> disarm([target], reached)
+    >>> try:
+    ...     sampling.apply_temperature(None, 1.0)
+    ... except PermissionError as error:
+    ...     print(error)
+    labkit grade: apply_temperature may not be used in this exercise, and it is disarmed while it is graded
+    >>> rearm([target])
+    >>> reached, sampling.apply_temperature(__import__("torch").tensor([2.0]), 2.0).tolist()
+    (['apply_temperature'], [1.0])
+    """
     for function, code, name in targets:
         function.__code__ = _disarming_code(code, name, reached)
 
@@ -87,29 +99,6 @@ def rearm(targets: list[tuple[types.FunctionType, types.CodeType, str]]) -> None
     """Each target's own code back."""
     for function, code, _ in targets:
         function.__code__ = code
-
-
-@contextlib.contextmanager
-def disarmed(targets: list[tuple[types.FunctionType, types.CodeType, str]], reached: list[str]) -> Iterator[None]:
-    """:func:`disarm` for the duration, then :func:`rearm` (the step calls those two itself: contextlib's classes
-    are a learner cell's to replace).
-
-    >>> from labkit.core import sampling
-    >>> reached = []
-    >>> with disarmed([(sampling.apply_temperature, sampling.apply_temperature.__code__, "apply_temperature")], reached):
-    ...     try:
-    ...         sampling.apply_temperature(None, 1.0)
-    ...     except PermissionError as error:
-    ...         print(error)
-    labkit grade: apply_temperature may not be used in this exercise, and it is disarmed while it is graded
-    >>> reached, sampling.apply_temperature(__import__("torch").tensor([2.0]), 2.0).tolist()
-    (['apply_temperature'], [1.0])
-    """
-    try:
-        disarm(targets, reached)
-        yield
-    finally:
-        rearm(targets)
 
 
 def _disarming_code(code: types.CodeType, name: str, reached: list[str]) -> types.CodeType:
